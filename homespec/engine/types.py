@@ -1,0 +1,94 @@
+"""The engine's own request/response types: plain data, no llama_cpp."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant"]
+DrafterKind = Literal["model", "ngram", "none"]
+Mode = Literal["speculative", "plain"]
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation. None means "use the pair's or the task's default"."""
+
+    messages: list[Message] | None = None
+    prompt: str | None = None  # raw completion prompt (no chat template)
+    max_tokens: int = 256
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    task: str | None = None
+    speculative: bool | None = None  # None = auto (the policy decides), True = force, False = off
+    drafter: Literal["model", "ngram"] | None = None
+    draft_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the policy chose for one request, and why (never silent)."""
+
+    mode: Mode
+    drafter: DrafterKind
+    draft_tokens: int
+    reason: str
+
+
+@dataclass
+class GenerationStats:
+    mode: Mode
+    reason: str
+    drafter: DrafterKind
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0  # target decode calls after the prompt
+    draft_steps: int = 0  # of those, the ones that carried at least one draft token
+    ttft_ms: float = 0.0
+    e2e_ms: float = 0.0
+    finish_reason: str = "length"
+    # accepted_per_position[i] counts steps whose draft token i (0-based) was accepted.
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def accept_rate(self) -> float | None:
+        return self.accepted_tokens / self.proposed_tokens if self.proposed_tokens else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / (self.e2e_ms / 1000.0) if self.e2e_ms > 0 else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Accepted drafts per verify step that carried drafts (vLLM's 'mean acceptance length')."""
+        return self.accepted_tokens / self.draft_steps if self.draft_steps else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["accept_rate"] = None if self.accept_rate is None else round(self.accept_rate, 4)
+        d["tokens_per_s"] = round(self.tokens_per_s, 2)
+        d["mean_accepted_length"] = (
+            None if self.mean_accepted_length is None else round(self.mean_accepted_length, 3)
+        )
+        d["ttft_ms"] = round(self.ttft_ms, 1)
+        d["e2e_ms"] = round(self.e2e_ms, 1)
+        return d
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of streamed text; `drafted` when it came from an accepted draft token."""
+
+    text: str
+    drafted: bool

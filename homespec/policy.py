@@ -1,0 +1,68 @@
+"""First speculation policy: pure rules, each decision with a human reason.
+
+Speculation is a bet that only pays when the draft is cheap and often right. These static rules
+turn it off where it cannot pay (short answers, hot sampling, tasks declared creative); the
+adaptive governor that learns from acceptance comes later and plugs in here.
+"""
+
+from __future__ import annotations
+
+from homespec.engine.types import Decision, GenerationRequest
+from homespec.errors import RequestError
+from homespec.manifest import NGRAM, NO_DRAFT, PairSpec
+
+
+def effective_temperature(pair: PairSpec, req: GenerationRequest) -> float:
+    task = pair.tasks.get(req.task) if req.task else None
+    if req.temperature is not None:
+        return req.temperature
+    if task is not None and task.temperature is not None:
+        return task.temperature
+    return pair.sampling.temperature
+
+
+def decide(
+    pair_name: str,
+    pair: PairSpec,
+    req: GenerationRequest,
+    *,
+    draft_available: bool,
+    unavailable_reason: str = "",
+) -> Decision:
+    """Speculate or not, with which drafter and how many tokens; `reason` says why."""
+    task = pair.tasks.get(req.task) if req.task else None
+    draft_tokens = req.draft_tokens or (task.draft_tokens if task else None) or pair.draft_tokens
+    drafter = req.drafter or (task.drafter if task else None)
+    if drafter is None:
+        drafter = "ngram" if pair.draft in (NGRAM, NO_DRAFT) else "model"
+    if drafter == "model" and pair.draft in (NGRAM, NO_DRAFT):
+        raise RequestError(
+            f"pair {pair_name!r} has no draft model (draft = {pair.draft!r})",
+            'use the "ngram" drafter or no speculation',
+        )
+
+    def plain(reason: str) -> Decision:
+        return Decision(mode="plain", drafter="none", draft_tokens=0, reason=reason)
+
+    if req.speculative is False:
+        return plain("request: speculation off")
+    if pair.draft == NO_DRAFT and req.drafter is None and not (task and task.drafter):
+        return plain(f'pair {pair_name}: draft = "none"')
+    if drafter == "model" and not draft_available:
+        return plain(unavailable_reason or "draft model unavailable")
+    if req.speculative is None:
+        if task is not None and task.speculative is False:
+            return plain(f"task {req.task}: speculation off")
+        if req.max_tokens < pair.spec_min_max_tokens:
+            return plain(f"max_tokens {req.max_tokens} < {pair.spec_min_max_tokens}")
+        temperature = effective_temperature(pair, req)
+        if temperature > pair.spec_max_temperature:
+            return plain(f"temperature {temperature:g} > {pair.spec_max_temperature:g}")
+    why = "request: speculation forced on" if req.speculative else "speculative"
+    label = "draft model" if drafter == "model" else "n-gram prompt lookup"
+    return Decision(
+        mode="speculative",
+        drafter=drafter,
+        draft_tokens=draft_tokens,
+        reason=f"{why} ({label}, {draft_tokens} tokens/step)",
+    )

@@ -1,0 +1,78 @@
+"""Shared fixtures. Every test gets its own HOMESPEC_HOME; engine tests use the real demo pair."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+
+from homespec.engine.loader import LoadedPair, load_pair
+from homespec.manifest import Manifest, load_manifest
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED_MANIFEST = REPO / "models.toml"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOMESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HOMESPEC_CONFIG", raising=False)
+
+
+@pytest.fixture(scope="session")
+def demo_manifest() -> Manifest:
+    """The shipped manifest with its default pair's files in place (`homespec setup` is
+    idempotent, so this only downloads/derives on a machine that has never run it)."""
+    from homespec.setup_models import setup_pairs
+
+    manifest = load_manifest(SHIPPED_MANIFEST)
+    setup_pairs(manifest, [manifest.default_pair], report=lambda _: None)
+    return manifest
+
+
+@pytest.fixture(scope="session")
+def demo_pair(demo_manifest: Manifest) -> Iterator[LoadedPair]:
+    with load_pair(demo_manifest, "smollm2") as loaded:
+        yield loaded
+
+
+@pytest.fixture(scope="session")
+def draft_path(demo_manifest: Manifest) -> Path:
+    return demo_manifest.model_path("smollm2-135m-q4_1")
+
+
+@pytest.fixture(scope="session")
+def target_path(demo_manifest: Manifest) -> Path:
+    return demo_manifest.model_path("smollm2-135m-f32")
+
+
+def write_tiny_gguf(
+    path: Path,
+    *,
+    tokens: list[str] | None = None,
+    vocab_type: str = "gpt2",
+    bos: int = 1,
+    eos: int = 2,
+    add_bos: bool = False,
+    arch: str = "llama",
+) -> Path:
+    """A tiny synthetic GGUF (metadata + one small tensor) for parser and compatibility tests."""
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(2)
+    w.add_context_length(256)
+    w.add_embedding_length(8)
+    w.add_head_count(2)
+    w.add_tokenizer_model(vocab_type)
+    w.add_token_list(tokens if tokens is not None else [f"t{i}" for i in range(300)])
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(add_bos)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from homespec.errors import IncompatiblePairError, ModelFileError
+from homespec.gguf_meta import check_pair, compatibility_problems, read_gguf
+
+from .conftest import write_tiny_gguf
+
+
+def test_reads_real_model_metadata(draft_path: Path) -> None:
+    info = read_gguf(draft_path)
+    assert info.architecture == "llama"
+    assert info.vocab_size == 49152
+    assert info.block_count == 30
+    assert (info.bos_id, info.eos_id) == (1, 2)
+    assert info.tokens[2] == "<|im_end|>"
+    assert 130e6 < info.n_params < 140e6
+    assert not info.recurrent
+
+
+def test_demo_pair_is_compatible(draft_path: Path, target_path: Path) -> None:
+    assert compatibility_problems(read_gguf(target_path), read_gguf(draft_path)) == []
+
+
+@pytest.mark.parametrize(
+    ("kw", "rule"),
+    [
+        ({"vocab_type": "llama"}, "vocab types differ"),
+        ({"bos": 7}, "BOS id differs"),
+        ({"eos": 9}, "EOS id differs"),
+        ({"add_bos": True}, "add_bos differs"),
+        ({"tokens": [f"t{i}" for i in range(600)]}, "vocab sizes differ by 300 (limit 128)"),
+        ({"tokens": [f"t{i}" for i in range(42)] + ["X"] + [f"t{i}" for i in range(43, 300)]},
+         "token 42 differs"),
+    ],
+)
+def test_each_compatibility_rule_is_named(tmp_path: Path, kw: dict, rule: str) -> None:  # type: ignore[type-arg]
+    target = read_gguf(write_tiny_gguf(tmp_path / "t.gguf"))
+    draft = read_gguf(write_tiny_gguf(tmp_path / "d.gguf", **kw))
+    with pytest.raises(IncompatiblePairError) as e:
+        check_pair("p", target, draft)
+    assert rule in str(e.value)
+    assert "ngram" in str(e.value)  # says what to do
+
+
+def test_small_vocab_difference_within_limit_is_fine(tmp_path: Path) -> None:
+    target = read_gguf(write_tiny_gguf(tmp_path / "t.gguf"))
+    draft = read_gguf(write_tiny_gguf(tmp_path / "d.gguf", tokens=[f"t{i}" for i in range(400)]))
+    assert compatibility_problems(target, draft) == []
+
+
+def test_special_tokens_below_id_5_may_differ(tmp_path: Path) -> None:
+    target = read_gguf(write_tiny_gguf(tmp_path / "t.gguf"))
+    toks = ["<s>", "x", "y", "z", "w"] + [f"t{i}" for i in range(5, 300)]
+    draft = read_gguf(write_tiny_gguf(tmp_path / "d.gguf", tokens=toks))
+    assert compatibility_problems(target, draft) == []
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "file is empty"),
+        (b"hello, I am a text file\n", "not a GGUF file"),
+        (b"GGUF\x03\x00\x00\x00\xff", "truncated or corrupt"),
+        (bytes(range(256)) * 10, "not a GGUF file"),
+    ],
+)
+def test_bad_files_get_clear_errors(tmp_path: Path, content: bytes, message: str) -> None:
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(content)
+    with pytest.raises(ModelFileError, match=message):
+        read_gguf(p)
+
+
+def test_truncated_real_model_is_detected(tmp_path: Path, draft_path: Path) -> None:
+    p = tmp_path / "cut.gguf"
+    with draft_path.open("rb") as src:
+        p.write_bytes(src.read(draft_path.stat().st_size // 2))
+    with pytest.raises(ModelFileError, match="truncated GGUF: tensor"):
+        read_gguf(p)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ModelFileError, match="not found"):
+        read_gguf(tmp_path / "nope.gguf")
+
+
+def test_large_vocab_metadata_reads_fast(tmp_path: Path) -> None:
+    """A 150k-token vocabulary must not be parsed token by token into numpy parts."""
+    p = write_tiny_gguf(tmp_path / "big.gguf", tokens=[f"tok{i}" for i in range(150_000)])
+    t0 = time.perf_counter()
+    info = read_gguf(p)
+    elapsed = time.perf_counter() - t0
+    assert info.vocab_size == 150_000
+    assert elapsed < 2.0  # generous bound: ~0.1 s measured here, gguf.GGUFReader took ~4.5 s

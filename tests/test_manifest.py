@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from homespec.errors import ConfigError, ModelFileError
+from homespec.manifest import find_manifest, load_manifest, parse_manifest
+
+from .conftest import SHIPPED_MANIFEST
+
+BASE = """
+default_pair = "p"
+[models.big]
+path = "big.gguf"
+[models.small]
+path = "/abs/small.gguf"
+[pairs.p]
+target = "big"
+draft = "small"
+"""
+
+
+def _parse(text: str) -> object:
+    return parse_manifest(text, Path("/cfg/models.toml"))
+
+
+def test_shipped_manifest_is_valid() -> None:
+    m = load_manifest(SHIPPED_MANIFEST)
+    assert m.default_pair == "smollm2"
+    assert {"smollm2", "smollm2-ngram", "gemma3"} <= set(m.spec.pairs)
+    assert m.spec.pairs["smollm2"].tasks["creative"].speculative is False
+
+
+def test_relative_paths_resolve_against_the_manifest() -> None:
+    m = parse_manifest(BASE, Path("/cfg/models.toml"))
+    assert m.model_path("big") == Path("/cfg/big.gguf")
+    assert m.model_path("small") == Path("/abs/small.gguf")
+
+
+def test_unknown_key_is_named() -> None:
+    with pytest.raises(ConfigError) as e:
+        _parse(BASE + "draft_tokenz = 3\n")
+    assert "pairs.p.draft_tokenz: unknown key" in str(e.value)
+    assert "/cfg/models.toml" in str(e.value)
+
+
+def test_wrong_type_names_field_and_value() -> None:
+    with pytest.raises(ConfigError) as e:
+        _parse(BASE + 'draft_tokens = "six"\n')
+    assert "pairs.p.draft_tokens" in str(e.value)
+    assert "'six'" in str(e.value)
+
+
+def test_out_of_range_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"pairs\.p\.draft_tokens"):
+        _parse(BASE + "draft_tokens = 0\n")
+
+
+def test_dangling_model_reference() -> None:
+    with pytest.raises(ConfigError, match=r"pairs\.p\.draft: 'tiny' is not a model"):
+        _parse(BASE.replace('draft = "small"', 'draft = "tiny"'))
+
+
+def test_bad_toml_syntax() -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        _parse("[pairs.p\n")
+
+
+def test_model_needs_exactly_one_source() -> None:
+    with pytest.raises(ConfigError, match="exactly one of `path` or `package`"):
+        _parse(BASE.replace('path = "big.gguf"', 'file = "x.gguf"'))
+
+
+def test_unknown_pair_lists_known_ones() -> None:
+    m = parse_manifest(BASE, Path("/cfg/models.toml"))
+    with pytest.raises(ConfigError, match="known pairs: p"):
+        m.pair("nope")
+
+
+def test_missing_model_file_says_which_pair_and_what_to_do(tmp_path: Path) -> None:
+    m = parse_manifest(BASE, tmp_path / "models.toml")
+    with pytest.raises(ModelFileError) as e:
+        m.require_model_file("big", "p")
+    assert "pair 'p' needs model 'big'" in str(e.value)
+    assert "models.big.path" in str(e.value)
+
+
+def test_config_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models.toml").write_text(BASE)
+    env = tmp_path / "env.toml"
+    env.write_text(BASE)
+    assert find_manifest() == Path("models.toml")
+    monkeypatch.setenv("HOMESPEC_CONFIG", str(env))
+    assert find_manifest() == env
+    assert find_manifest(tmp_path / "models.toml") == tmp_path / "models.toml"
+    with pytest.raises(ConfigError, match="--config: .* does not exist"):
+        find_manifest(tmp_path / "missing.toml")

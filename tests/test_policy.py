@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import pytest
+
+from homespec.engine.types import GenerationRequest
+from homespec.errors import RequestError
+from homespec.manifest import PairSpec, TaskPolicy
+from homespec.policy import decide
+
+PAIR = PairSpec(
+    target="t",
+    draft="d",
+    draft_tokens=6,
+    tasks={
+        "creative": TaskPolicy(speculative=False),
+        "code": TaskPolicy(draft_tokens=10),
+        "edit": TaskPolicy(drafter="ngram"),
+    },
+)
+
+
+def _decide(pair: PairSpec = PAIR, available: bool = True, **kw: object):  # type: ignore[no-untyped-def]
+    req = GenerationRequest(prompt="x", **kw)  # type: ignore[arg-type]
+    return decide("p", pair, req, draft_available=available, unavailable_reason="draft dropped")
+
+
+def test_default_speculates_with_the_draft_model() -> None:
+    d = _decide(max_tokens=256)
+    assert (d.mode, d.drafter, d.draft_tokens) == ("speculative", "model", 6)
+    assert "draft model" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("kw", "reason"),
+    [
+        ({"speculative": False}, "request: speculation off"),
+        ({"task": "creative"}, "task creative: speculation off"),
+        ({"max_tokens": 8}, "max_tokens 8 < 32"),
+        ({"temperature": 1.5}, "temperature 1.5 > 1"),
+    ],
+)
+def test_each_plain_decision_says_why(kw: dict[str, object], reason: str) -> None:
+    d = _decide(**kw)
+    assert d.mode == "plain"
+    assert d.drafter == "none"
+    assert d.reason == reason
+
+
+def test_forcing_speculation_overrides_the_static_rules() -> None:
+    d = _decide(speculative=True, max_tokens=4, task="creative")
+    assert d.mode == "speculative"
+    assert d.reason.startswith("request: speculation forced on")
+
+
+def test_task_overrides_draft_length_and_drafter() -> None:
+    assert _decide(task="code").draft_tokens == 10
+    assert _decide(task="edit").drafter == "ngram"
+    assert _decide(draft_tokens=3).draft_tokens == 3
+
+
+def test_unavailable_draft_runs_plain_with_the_reason() -> None:
+    d = _decide(available=False)
+    assert (d.mode, d.reason) == ("plain", "draft dropped")
+    # ...but n-gram drafting needs no model, so it still works.
+    assert _decide(available=False, drafter="ngram").mode == "speculative"
+
+
+def test_ngram_pair_and_no_draft_pair() -> None:
+    ngram = PAIR.model_copy(update={"draft": "ngram"})
+    assert _decide(ngram).drafter == "ngram"
+    with pytest.raises(RequestError, match="has no draft model"):
+        _decide(ngram, drafter="model")
+    none = PAIR.model_copy(update={"draft": "none", "tasks": {}})
+    assert _decide(none).reason == 'pair p: draft = "none"'
