@@ -19,7 +19,7 @@ from homespec.workload import WorkItem
 
 PLAIN = "plain"
 AUTO = "auto"  # what the manifest's policy picks per task (speculation may be off)
-MODES = (PLAIN, "model", "ngram", AUTO)
+MODES = (PLAIN, "model", "ngram", "hybrid", AUTO)
 Progress = Callable[[str], None]
 
 
@@ -50,7 +50,7 @@ class Row:
     reasons: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        r = lambda v, n=3: None if v is None else round(v, n)  # noqa: E731
+        r = _round
         return {
             "task": self.task,
             "mode": self.mode,
@@ -68,15 +68,27 @@ class Row:
         }
 
 
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "—" if value is None else format(value, spec) + suffix
+
+
 def available_modes(rt: PairRuntime) -> list[str]:
     modes = [PLAIN]
     if rt.draft is not None:
         modes.append("model")
     modes.append("ngram")
+    if rt.draft is not None:
+        modes.append("hybrid")
     return modes
 
 
-def _request(item: WorkItem, mode: str, temperature: float, max_tokens: int | None) -> GenerationRequest:
+def _request(
+    item: WorkItem, mode: str, temperature: float, max_tokens: int | None
+) -> GenerationRequest:
     return GenerationRequest(
         messages=item.messages,
         max_tokens=min(item.max_tokens, max_tokens) if max_tokens else item.max_tokens,
@@ -191,13 +203,11 @@ def render_table(rows: list[Row]) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in rows:
-        pct = lambda v: "—" if v is None else f"{v:.0%}"  # noqa: E731
-        num = lambda v, f: "—" if v is None else format(v, f)  # noqa: E731
         span = "" if r.speedup_min is None else f"{r.speedup_min:.2f}–{r.speedup_max:.2f}"
         lines.append(
             f"{r.task:<12} {r.mode:<6} {r.runs:>4} {r.tokens_per_s:>7.1f} {r.e2e_ms:>8.0f} "
-            f"{r.ttft_ms:>8.0f} {pct(r.accept_rate):>7} {num(r.mean_accepted_length, '.2f'):>8} "
-            f"{num(r.speedup, '.2f') + ('×' if r.speedup else ''):>8} {span:>12} "
-            f"{pct(r.identical):>5}"
+            f"{r.ttft_ms:>8.0f} {_fmt(r.accept_rate, '.0%'):>7} "
+            f"{_fmt(r.mean_accepted_length, '.2f'):>8} {_fmt(r.speedup, '.2f', '×'):>8} "
+            f"{span:>12} {_fmt(r.identical, '.0%'):>5}"
         )
     return "\n".join(lines)

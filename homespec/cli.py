@@ -20,20 +20,18 @@ from homespec.errors import HomespecError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _UserError(click.ClickException):
-    """A HomespecError at the edge: `Error: <what> — <what to do>`, its own exit code."""
-
-    def __init__(self, err: HomespecError) -> None:
-        super().__init__(str(err))
-        self.exit_code = err.exit_code
-
-
 class _Group(click.Group):
+    """Turns a HomespecError into `Error: <what> — <what to do>` and its exit code (no traceback).
+
+    Any other exception is a bug and keeps its traceback.
+    """
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except HomespecError as err:
-            raise _UserError(err) from None
+            click.echo(f"Error: {err}", err=True)
+            ctx.exit(err.exit_code)
 
 
 def config_option(f: F) -> F:
@@ -83,8 +81,8 @@ def _stats_line(stats: dict[str, Any]) -> str:
         f"{stats['tokens_per_s']:.0f} tok/s",
     ]
     if stats["mode"] == "speculative":
-        label = "draft model" if stats["drafter"] == "model" else "n-gram"
-        parts.append(f"speculative ({label})")
+        label = {"model": "draft model", "ngram": "n-gram", "hybrid": "n-gram + draft model"}
+        parts.append(f"speculative ({label[stats['drafter']]})")
     else:
         parts.append(f"plain ({stats['reason']})")
     return " · ".join(parts)
@@ -102,7 +100,9 @@ def _stats_line(stats: dict[str, Any]) -> str:
     help="Force speculation on or off (default: the pair's policy decides).",
 )
 @click.option(
-    "--drafter", type=click.Choice(["model", "ngram"]), help="Draft with the model or n-grams."
+    "--drafter",
+    type=click.Choice(["model", "ngram", "hybrid"]),
+    help="Draft with the model, n-gram prompt lookup, or n-grams when they match else the model.",
 )
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step.")
 @click.option("--temperature", type=click.FloatRange(0.0, 5.0), help="0 = greedy.")
@@ -210,7 +210,7 @@ def ask(
 @click.option(
     "--modes",
     default=None,
-    help="Comma-separated, from plain,model,ngram,auto (default: plain + the pair's drafters).",
+    help="Comma-separated from plain,model,ngram,hybrid,auto (default: all but auto).",
 )
 @click.option("--task", "tasks", multiple=True, help="Only these tasks (repeatable).")
 @click.option("--max-tokens", type=click.IntRange(1), help="Cap every request's max_tokens.")
@@ -250,11 +250,15 @@ def bench(
         chosen = available_modes(rt)
         if modes:
             chosen = [m.strip() for m in modes.split(",") if m.strip()]
-            bad = [m for m in chosen if m not in MODES or (m == "model" and rt.draft is None)]
+            bad = [
+                m
+                for m in chosen
+                if m not in MODES or (m in ("model", "hybrid") and rt.draft is None)
+            ]
             if bad:
                 raise ConfigError(
                     f"--modes: {', '.join(bad)} not available for pair {rt.name!r}",
-                    f"choose from {', '.join(available_modes(rt) + ['auto'])}",
+                    f"choose from {', '.join([*available_modes(rt), 'auto'])}",
                 )
             if "plain" not in chosen:
                 chosen.insert(0, "plain")  # every speedup needs its baseline from this run

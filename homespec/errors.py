@@ -7,8 +7,8 @@ Anything else escaping is a bug and keeps its traceback.
     HomespecError
     ├── ConfigError          models.toml is missing, unreadable or invalid
     ├── ModelFileError       a model file is missing, not GGUF, truncated or fails its sha256
-    ├── IncompatiblePairError  target and draft cannot speculate together (names the llama.cpp rule)
-    ├── RequestError         a request cannot be served as asked (e.g. prompt longer than the context)
+    ├── IncompatiblePairError  target and draft cannot speculate together (names the rule)
+    ├── RequestError         a request cannot be served as asked (e.g. prompt over the context)
     ├── EngineError          llama.cpp refused to load a model, create a context or decode
     └── SetupError           getting or deriving a demo model failed
 """

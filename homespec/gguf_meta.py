@@ -21,8 +21,21 @@ from homespec.errors import IncompatiblePairError, ModelFileError
 GGUF_MAGIC = b"GGUF"
 # Architectures whose state cannot be rolled back to an earlier position (no partial KV removal).
 RECURRENT_ARCHS = frozenset(
-    {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1",
-     "granitehybrid", "plamo2", "nemotron_h", "lfm2", "qwen3next"}
+    {
+        "mamba",
+        "mamba2",
+        "rwkv6",
+        "rwkv6qwen2",
+        "rwkv7",
+        "arwkv7",
+        "jamba",
+        "falcon-h1",
+        "granitehybrid",
+        "plamo2",
+        "nemotron_h",
+        "lfm2",
+        "qwen3next",
+    }
 )
 # llama.cpp's common/speculative.cpp: vocab sizes may differ this much, token text is compared
 # from this id up (the first ids are special tokens that differ harmlessly between sizes).
@@ -96,15 +109,22 @@ class _Cursor:
         raise ValueError(f"unknown GGUF value type {vtype}")
 
 
-_SCALAR_FORMATS = {
-    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
-    GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
-    GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
-    GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
+_SCALAR_FORMATS: dict[int, str] = {
+    GGUFValueType.UINT8: "B",
+    GGUFValueType.INT8: "b",
+    GGUFValueType.UINT16: "H",
+    GGUFValueType.INT16: "h",
+    GGUFValueType.UINT32: "I",
+    GGUFValueType.INT32: "i",
+    GGUFValueType.FLOAT32: "f",
+    GGUFValueType.BOOL: "?",
+    GGUFValueType.UINT64: "Q",
+    GGUFValueType.INT64: "q",
+    GGUFValueType.FLOAT64: "d",
 }
 
 
-def _parse(buf: mmap.mmap, size: int) -> tuple[dict[str, Any], list[tuple[str, int, int]]]:
+def _parse(buf: mmap.mmap) -> tuple[dict[str, Any], list[tuple[str, int, int, int]]]:
     """(metadata, [(tensor name, absolute data offset, n_bytes, n_elements)])."""
     cur = _Cursor(buf)
     cur.pos = 4
@@ -145,7 +165,7 @@ def read_gguf(path: Path) -> GGUFInfo:
                     "point models.toml at a .gguf model file",
                 )
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                meta, tensors = _parse(buf, size)
+                meta, tensors = _parse(buf)
     except FileNotFoundError:
         raise ModelFileError(f"{path}: not found", "check the path in models.toml") from None
     except IsADirectoryError:
@@ -239,6 +259,6 @@ def check_pair(pair: str, target: GGUFInfo, draft: GGUFInfo) -> None:
         raise IncompatiblePairError(
             f"pair {pair!r}: draft {draft.path.name} cannot draft for target {target.path.name}: "
             + "; ".join(problems),
-            'pick a draft from the target\'s family, derive one (`homespec models derive`), '
+            "pick a draft from the target's family, derive one (`homespec models derive`), "
             'or set draft = "ngram"',
         )

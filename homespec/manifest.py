@@ -94,7 +94,7 @@ class TaskPolicy(_Strict):
 
     speculative: bool | None = None
     draft_tokens: int | None = Field(None, ge=1, le=64)
-    drafter: Literal["model", "ngram"] | None = None
+    drafter: Literal["model", "ngram", "hybrid"] | None = None
     temperature: float | None = Field(None, ge=0.0, le=5.0)
 
 
@@ -102,6 +102,9 @@ class PairSpec(_Strict):
     target: Name
     draft: Name = Field(description='a model name, "ngram" (prompt lookup) or "none"')
     draft_tokens: int = Field(6, ge=1, le=64, description="tokens proposed per verify step")
+    drafter: Literal["model", "ngram", "hybrid"] | None = Field(
+        None, description="default: hybrid with a draft model (n-gram when it matches), else ngram"
+    )
     n_ctx: int = Field(2048, ge=64, le=1_048_576)
     threads: int = Field(0, ge=0, le=512, description="0 = physical cores")
     gpu_layers: int = Field(0, ge=-1, description="target layers on the GPU; -1 = all")
@@ -117,7 +120,7 @@ class PairSpec(_Strict):
     spec_max_temperature: float = Field(
         1.0, ge=0.0, description="requests hotter than this run plain"
     )
-    sampling: Sampling = Field(default_factory=Sampling)
+    sampling: Sampling = Field(default_factory=lambda: Sampling())
     tasks: dict[Name, TaskPolicy] = Field(default_factory=dict)
 
 
@@ -251,5 +254,7 @@ def load_manifest(explicit: str | os.PathLike[str] | None = None) -> Manifest:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}", "check the file and its permissions") from None
+        raise ConfigError(
+            f"{path}: cannot read: {exc}", "check the file and its permissions"
+        ) from None
     return parse_manifest(text, path)

@@ -21,6 +21,13 @@ def effective_temperature(pair: PairSpec, req: GenerationRequest) -> float:
     return pair.sampling.temperature
 
 
+LABELS = {
+    "model": "draft model",
+    "ngram": "n-gram prompt lookup",
+    "hybrid": "n-gram lookup, else draft model",
+}
+
+
 def decide(
     pair_name: str,
     pair: PairSpec,
@@ -32,12 +39,14 @@ def decide(
     """Speculate or not, with which drafter and how many tokens; `reason` says why."""
     task = pair.tasks.get(req.task) if req.task else None
     draft_tokens = req.draft_tokens or (task.draft_tokens if task else None) or pair.draft_tokens
-    drafter = req.drafter or (task.drafter if task else None)
+    has_model = pair.draft not in (NGRAM, NO_DRAFT)
+    drafter = req.drafter or (task.drafter if task else None) or pair.drafter
     if drafter is None:
-        drafter = "ngram" if pair.draft in (NGRAM, NO_DRAFT) else "model"
-    if drafter == "model" and pair.draft in (NGRAM, NO_DRAFT):
+        drafter = "hybrid" if has_model else "ngram"
+    if drafter in ("model", "hybrid") and not has_model:
         raise RequestError(
-            f"pair {pair_name!r} has no draft model (draft = {pair.draft!r})",
+            f"pair {pair_name!r} has no draft model (draft = {pair.draft!r}), "
+            f"so it cannot use the {drafter!r} drafter",
             'use the "ngram" drafter or no speculation',
         )
 
@@ -48,8 +57,12 @@ def decide(
         return plain("request: speculation off")
     if pair.draft == NO_DRAFT and req.drafter is None and not (task and task.drafter):
         return plain(f'pair {pair_name}: draft = "none"')
-    if drafter == "model" and not draft_available:
-        return plain(unavailable_reason or "draft model unavailable")
+    degraded = ""
+    if drafter in ("model", "hybrid") and not draft_available:
+        why = unavailable_reason or "draft model unavailable"
+        if drafter == "model":
+            return plain(why)
+        drafter, degraded = "ngram", f"; {why}: n-gram lookup only"
     if req.speculative is None:
         if task is not None and task.speculative is False:
             return plain(f"task {req.task}: speculation off")
@@ -59,10 +72,9 @@ def decide(
         if temperature > pair.spec_max_temperature:
             return plain(f"temperature {temperature:g} > {pair.spec_max_temperature:g}")
     why = "request: speculation forced on" if req.speculative else "speculative"
-    label = "draft model" if drafter == "model" else "n-gram prompt lookup"
     return Decision(
         mode="speculative",
         drafter=drafter,
         draft_tokens=draft_tokens,
-        reason=f"{why} ({label}, {draft_tokens} tokens/step)",
+        reason=f"{why} ({LABELS[drafter]}, {draft_tokens} tokens/step{degraded})",
     )

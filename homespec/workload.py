@@ -50,7 +50,9 @@ def load_workload(path: Path) -> list[WorkItem]:
         try:
             item = _Item.model_validate(json.loads(line))
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{n}: not JSON ({exc.msg})", "one JSON object a line") from None
+            raise ConfigError(
+                f"{path}:{n}: not JSON ({exc.msg})", "one JSON object a line"
+            ) from None
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])

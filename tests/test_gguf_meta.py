@@ -34,8 +34,10 @@ def test_demo_pair_is_compatible(draft_path: Path, target_path: Path) -> None:
         ({"eos": 9}, "EOS id differs"),
         ({"add_bos": True}, "add_bos differs"),
         ({"tokens": [f"t{i}" for i in range(600)]}, "vocab sizes differ by 300 (limit 128)"),
-        ({"tokens": [f"t{i}" for i in range(42)] + ["X"] + [f"t{i}" for i in range(43, 300)]},
-         "token 42 differs"),
+        (
+            {"tokens": [f"t{i}" for i in range(42)] + ["X"] + [f"t{i}" for i in range(43, 300)]},
+            "token 42 differs",
+        ),
     ],
 )
 def test_each_compatibility_rule_is_named(tmp_path: Path, kw: dict, rule: str) -> None:  # type: ignore[type-arg]

@@ -95,5 +95,5 @@ def test_config_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("HOMESPEC_CONFIG", str(env))
     assert find_manifest() == env
     assert find_manifest(tmp_path / "models.toml") == tmp_path / "models.toml"
-    with pytest.raises(ConfigError, match="--config: .* does not exist"):
+    with pytest.raises(ConfigError, match=r"--config: .* does not exist"):
         find_manifest(tmp_path / "missing.toml")

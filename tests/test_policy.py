@@ -24,10 +24,11 @@ def _decide(pair: PairSpec = PAIR, available: bool = True, **kw: object):  # typ
     return decide("p", pair, req, draft_available=available, unavailable_reason="draft dropped")
 
 
-def test_default_speculates_with_the_draft_model() -> None:
+def test_default_speculates_with_ngram_lookup_then_the_draft_model() -> None:
     d = _decide(max_tokens=256)
-    assert (d.mode, d.drafter, d.draft_tokens) == ("speculative", "model", 6)
-    assert "draft model" in d.reason
+    assert (d.mode, d.drafter, d.draft_tokens) == ("speculative", "hybrid", 6)
+    assert "n-gram lookup, else draft model" in d.reason
+    assert _decide(PAIR.model_copy(update={"drafter": "model"})).drafter == "model"
 
 
 @pytest.mark.parametrize(
@@ -58,11 +59,12 @@ def test_task_overrides_draft_length_and_drafter() -> None:
     assert _decide(draft_tokens=3).draft_tokens == 3
 
 
-def test_unavailable_draft_runs_plain_with_the_reason() -> None:
-    d = _decide(available=False)
+def test_unavailable_draft_falls_back_to_ngram_or_plain_and_says_so() -> None:
+    d = _decide(available=False)  # hybrid: n-gram lookup needs no model
+    assert (d.mode, d.drafter) == ("speculative", "ngram")
+    assert "draft dropped: n-gram lookup only" in d.reason
+    d = _decide(available=False, drafter="model")
     assert (d.mode, d.reason) == ("plain", "draft dropped")
-    # ...but n-gram drafting needs no model, so it still works.
-    assert _decide(available=False, drafter="ngram").mode == "speculative"
 
 
 def test_ngram_pair_and_no_draft_pair() -> None:

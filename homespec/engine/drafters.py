@@ -108,3 +108,27 @@ class NgramDrafter:
             if follow is not None:
                 return Proposal(history[follow : follow + k])
         return Proposal([])
+
+
+class HybridDrafter:
+    """N-gram lookup when it finds a match (free to make), else the draft model.
+
+    Choosing per step from the history alone keeps the output exact: each step's acceptance rule
+    uses the distribution of whichever proposal that step made.
+    """
+
+    kind = "hybrid"
+
+    def __init__(self, model: ModelDrafter, ngram: NgramDrafter) -> None:
+        self.model = model
+        self.ngram = ngram
+
+    def reset(self) -> None:
+        self.model.reset()
+        self.ngram.reset()
+
+    def propose(
+        self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
+        found = self.ngram.propose(history, k, params, rng)
+        return found if found.tokens else self.model.propose(history, k, params, rng)

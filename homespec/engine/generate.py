@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from homespec.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal
+from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
 from homespec.engine.llama_backend import LlamaContext
 from homespec.engine.sampling import SamplingParams, accept_or_resample, distribution, pick
 from homespec.engine.textstream import TextStream
@@ -39,6 +39,12 @@ class PairRuntime:
     draft: ModelDrafter | None
     ngram: NgramDrafter
     draft_unavailable_reason: str = ""
+
+    def drafter(self, kind: str) -> Drafter:
+        if kind == "ngram":
+            return self.ngram
+        assert self.draft is not None  # decide() only picks model drafters when one is loaded
+        return self.draft if kind == "model" else HybridDrafter(self.draft, self.ngram)
 
 
 def sampling_params(pair: PairSpec, req: GenerationRequest) -> SamplingParams:
@@ -83,8 +89,7 @@ def generate(rt: PairRuntime, req: GenerationRequest) -> Iterator[Chunk | Genera
     )
     drafter: Drafter | None = None
     if decision.mode == "speculative":
-        drafter = rt.draft if decision.drafter == "model" else rt.ngram
-        assert drafter is not None  # decide() only picks the model drafter when it is loaded
+        drafter = rt.drafter(decision.drafter)
         drafter.reset()
     params = sampling_params(rt.spec, req)
     rng = np.random.default_rng(params.seed)
@@ -142,9 +147,7 @@ def generate(rt: PairRuntime, req: GenerationRequest) -> Iterator[Chunk | Genera
                 accepted = token == draft
             else:
                 q = proposal.probs[i] if proposal.probs is not None else None
-                accepted, token = accept_or_resample(
-                    distribution(logits[i], params), q, draft, rng
-                )
+                accepted, token = accept_or_resample(distribution(logits[i], params), q, draft, rng)
             if accepted:
                 stats.accepted_tokens += 1
                 stats.accepted_per_position[i] += 1

@@ -38,7 +38,7 @@ FILE_TYPES: dict[str, int] = {
 }
 
 
-@lc.llama_log_callback  # type: ignore[misc]
+@lc.llama_log_callback  # type: ignore[untyped-decorator]
 def _forward_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     """Route llama.cpp's (very chatty) log into Python logging at DEBUG (`--verbose` shows it)."""
     if LOG.isEnabledFor(logging.DEBUG):

@@ -97,7 +97,9 @@ def load_pair(
             t0 = time.perf_counter()
             draft_model = LlamaModel(files.draft.path, gpu_layers=pair.draft_gpu_layers)
             loaded._models.append(draft_model)
-            draft_ctx = LlamaContext(draft_model, n_ctx=pair.n_ctx, n_batch=n_batch, threads=threads)
+            draft_ctx = LlamaContext(
+                draft_model, n_ctx=pair.n_ctx, n_batch=n_batch, threads=threads
+            )
             loaded._contexts.append(draft_ctx)
             drafter = ModelDrafter(draft_ctx, p_min=pair.draft_p_min)
             loaded.load_ms["draft"] = (time.perf_counter() - t0) * 1000.0

@@ -6,7 +6,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant"]
-DrafterKind = Literal["model", "ngram", "none"]
+# model: the draft model; ngram: prompt lookup; hybrid: prompt lookup when it finds a match,
+# else the draft model (n-gram proposals cost nothing to make).
+SpecDrafter = Literal["model", "ngram", "hybrid"]
+DrafterKind = Literal["model", "ngram", "hybrid", "none"]
 Mode = Literal["speculative", "plain"]
 
 
@@ -30,7 +33,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     task: str | None = None
     speculative: bool | None = None  # None = auto (the policy decides), True = force, False = off
-    drafter: Literal["model", "ngram"] | None = None
+    drafter: SpecDrafter | None = None
     draft_tokens: int | None = None
 
 

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Install homespec into ./.venv and get the default pair's demo models. Idempotent.
+#
+#   ./scripts/install.sh                 CPU build of llama.cpp (works everywhere)
+#   HOMESPEC_BACKEND=cuda ./scripts/install.sh    CUDA build (needs nvcc)
+#   HOMESPEC_BACKEND=metal ./scripts/install.sh   Metal build (macOS)
+#
+# llama-cpp-python ships as source only: the first build takes about 7 minutes on 2 cores.
+# pip keeps the built wheel in its cache, so later installs on the same machine take seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${PYTHON:-python3}"
+say() { printf '\033[1mhomespec install:\033[0m %s\n' "$*" >&2; }
+die() { printf 'Error: %s\n' "$*" >&2; exit 1; }
+
+command -v "$PY" >/dev/null || die "$PY not found — install Python 3.11+ (Debian: apt-get install python3 python3-venv)"
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || die "Python 3.11+ is needed, $("$PY" --version) found — set PYTHON=/path/to/python3.11"
+command -v cc >/dev/null || command -v gcc >/dev/null \
+  || die "no C compiler for building llama.cpp — Debian: apt-get install build-essential"
+
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  "$PY" -m venv .venv || die "could not create a virtualenv — Debian: apt-get install python3-venv"
+fi
+PIP=(.venv/bin/python -m pip --disable-pip-version-check)
+"${PIP[@]}" install --quiet --upgrade pip
+
+case "${HOMESPEC_BACKEND:-cpu}" in
+  cpu) ;;
+  cuda)  export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_CUDA=on" ;;
+  metal) export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_METAL=on" ;;
+  *) die "HOMESPEC_BACKEND must be cpu, cuda or metal (got ${HOMESPEC_BACKEND})" ;;
+esac
+
+if ! .venv/bin/python -c 'import llama_cpp' 2>/dev/null || [ "${HOMESPEC_BACKEND:-cpu}" != cpu ]; then
+  say "installing llama-cpp-python (${HOMESPEC_BACKEND:-cpu}); a first build from source takes ~7 min on 2 cores…"
+  extra=()
+  # pip's wheel cache does not know about CMAKE_ARGS: a GPU build must not reuse a CPU wheel.
+  [ "${HOMESPEC_BACKEND:-cpu}" != cpu ] && extra=(--no-cache-dir --force-reinstall --no-deps)
+  "${PIP[@]}" install "${extra[@]}" "llama-cpp-python>=0.3.36,<0.4"
+fi
+
+say "installing homespec"
+"${PIP[@]}" install --quiet -e ".${HOMESPEC_EXTRAS:-}"
+
+say "getting the demo models (homespec setup)"
+.venv/bin/homespec setup
+say "done — try: .venv/bin/homespec ask \"...\"  (or activate: source .venv/bin/activate)"

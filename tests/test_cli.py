@@ -1,0 +1,259 @@
+"""The CLI end to end: real models for ask/bench/derive, and every bad input from the issue."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from homespec.cli import cli
+from homespec.manifest import Manifest
+
+from .conftest import SHIPPED_MANIFEST, write_tiny_gguf
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def manifest_with(tmp_path: Path, target: Path, draft: str | Path, extra: str = "") -> Path:
+    draft_line = f'draft = "{draft}"' if isinstance(draft, str) else 'draft = "d"'
+    models = f'[models.t]\npath = "{target}"\n'
+    if isinstance(draft, Path):
+        models += f'[models.d]\npath = "{draft}"\n'
+    p = tmp_path / "models.toml"
+    p.write_text(f'{models}[pairs.p]\ntarget = "t"\n{draft_line}\n{extra}')
+    return p
+
+
+def assert_clean_error(code: int, out: str, err: str, *needles: str) -> None:
+    assert code != 0
+    assert "Traceback" not in out + err
+    assert err.startswith("Error: ")
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_help_lists_commands() -> None:
+    code, out, _ = invoke("--help")
+    assert code == 0
+    for command in ("ask", "bench", "setup", "models"):
+        assert command in out
+
+
+def test_ask_json_has_text_and_every_stat(demo_manifest: Manifest) -> None:
+    code, out, _ = invoke(
+        "ask",
+        "Write a Dockerfile for a Flask app.",
+        "--config",
+        str(SHIPPED_MANIFEST),
+        "--max-tokens",
+        "48",
+        "--json",
+    )
+    assert code == 0
+    payload = json.loads(out)
+    assert payload["text"]
+    stats = payload["stats"]
+    assert stats["mode"] == "speculative" and stats["drafter"] == "hybrid"
+    assert stats["completion_tokens"] == 48
+    for key in (
+        "proposed_tokens",
+        "accepted_tokens",
+        "accept_rate",
+        "ttft_ms",
+        "e2e_ms",
+        "tokens_per_s",
+        "verify_steps",
+        "prompt_tokens",
+        "reason",
+    ):
+        assert key in stats
+
+
+def test_ask_streams_text_and_prints_one_stats_line(demo_manifest: Manifest) -> None:
+    code, out, err = invoke(
+        "ask", "Say hello.", "--config", str(SHIPPED_MANIFEST), "--max-tokens", "8"
+    )
+    assert code == 0 and out.strip()
+    assert err.strip().count("\n") == 0
+    assert "plain (max_tokens 8 < 32)" in err
+    assert "tok/s" in err
+
+
+def test_ask_explain_marks_drafted_text(demo_manifest: Manifest) -> None:
+    code, out, _ = invoke(
+        "ask",
+        "alpha bravo charlie delta, " * 4,
+        "--raw",
+        "--config",
+        str(SHIPPED_MANIFEST),
+        "--max-tokens",
+        "40",
+        "--drafter",
+        "ngram",
+        "--spec",
+        "--explain",
+    )
+    assert code == 0
+    assert "[" in out and "]" in out
+
+
+def test_ask_ngram_pair_and_no_spec(demo_manifest: Manifest) -> None:
+    code, out, _ = invoke(
+        "ask",
+        "List three colors.",
+        "--config",
+        str(SHIPPED_MANIFEST),
+        "--pair",
+        "smollm2-ngram",
+        "--max-tokens",
+        "40",
+        "--json",
+        "--no-spec",
+    )
+    assert code == 0
+    stats = json.loads(out)["stats"]
+    assert (stats["mode"], stats["reason"], stats["pair"]) == (
+        "plain",
+        "request: speculation off",
+        "smollm2-ngram",
+    )
+
+
+def test_unknown_key(tmp_path: Path, target_path: Path) -> None:
+    cfg = manifest_with(tmp_path, target_path, "ngram", "draft_tokenz = 4\n")
+    assert_clean_error(
+        *invoke("ask", "hi", "--config", str(cfg)), "pairs.p.draft_tokenz", "unknown key"
+    )
+
+
+def test_wrong_type(tmp_path: Path, target_path: Path) -> None:
+    cfg = manifest_with(tmp_path, target_path, "ngram", 'n_ctx = "big"\n')
+    assert_clean_error(*invoke("ask", "hi", "--config", str(cfg)), "pairs.p.n_ctx", "'big'")
+
+
+def test_missing_model(tmp_path: Path) -> None:
+    cfg = manifest_with(tmp_path, tmp_path / "nope.gguf", "ngram")
+    assert_clean_error(
+        *invoke("ask", "hi", "--config", str(cfg)), "pair 'p' needs model 't'", "nope.gguf"
+    )
+
+
+def test_file_that_is_not_gguf(tmp_path: Path) -> None:
+    fake = tmp_path / "notes.gguf"
+    fake.write_text("just some text\n")
+    cfg = manifest_with(tmp_path, fake, "ngram")
+    assert_clean_error(*invoke("ask", "hi", "--config", str(cfg)), "not a GGUF file")
+
+
+def test_truncated_gguf(tmp_path: Path, draft_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(draft_path.read_bytes()[:10_000_000])
+    cfg = manifest_with(tmp_path, cut, "ngram")
+    assert_clean_error(*invoke("ask", "hi", "--config", str(cfg)), "truncated GGUF")
+
+
+def test_incompatible_pair(tmp_path: Path, target_path: Path) -> None:
+    other = write_tiny_gguf(tmp_path / "other.gguf", tokens=[f"t{i}" for i in range(1000)])
+    cfg = manifest_with(tmp_path, target_path, other)
+    assert_clean_error(
+        *invoke("ask", "hi", "--config", str(cfg)), "vocab sizes differ by 48,152 (limit 128)"
+    )
+
+
+def test_prompt_longer_than_context(tmp_path: Path, target_path: Path) -> None:
+    cfg = manifest_with(tmp_path, target_path, "ngram", "n_ctx = 64\n")
+    assert_clean_error(
+        *invoke("ask", "word " * 200, "--config", str(cfg)), "64-token context", "n_ctx"
+    )
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    assert_clean_error(
+        *invoke("ask", "hi", "--config", str(tmp_path / "none.toml")), "does not exist"
+    )
+
+
+def test_sha256_mismatch(tmp_path: Path, target_path: Path) -> None:
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(
+        f'[models.t]\npath = "{target_path}"\nsha256 = "{"0" * 64}"\n'
+        '[pairs.p]\ntarget = "t"\ndraft = "ngram"\n'
+    )
+    assert_clean_error(*invoke("ask", "hi", "--config", str(cfg)), "has sha256")
+
+
+def test_models_derive_writes_a_compatible_draft(tmp_path: Path, target_path: Path) -> None:
+    dst = tmp_path / "draft-q8.gguf"
+    code, _, err = invoke("models", "derive", str(target_path), str(dst), "--type", "Q8_0")
+    assert code == 0, err
+    assert "wrote" in err
+    from homespec.gguf_meta import compatibility_problems, read_gguf
+
+    assert compatibility_problems(read_gguf(target_path), read_gguf(dst)) == []
+    assert dst.stat().st_size < target_path.stat().st_size / 3
+    # Refuses to overwrite without --force, and refuses unknown types.
+    assert_clean_error(
+        *invoke("models", "derive", str(target_path), str(dst), "--type", "Q8_0"),
+        "already exists",
+        "--force",
+    )
+    assert_clean_error(
+        *invoke("models", "derive", str(target_path), str(tmp_path / "x.gguf"), "--type", "Q9_9"),
+        "unknown file type",
+    )
+
+
+def test_bench_json_reports_each_mode_per_task(demo_manifest: Manifest, tmp_path: Path) -> None:
+    workload = tmp_path / "w.jsonl"
+    lines = [
+        {
+            "task": "repeat",
+            "messages": [{"role": "user", "content": "Count from 1 to 20."}],
+            "max_tokens": 40,
+        },
+        {"task": "short", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 40},
+    ]
+    workload.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    code, out, err = invoke(
+        "bench", "--config", str(SHIPPED_MANIFEST), "--workload", str(workload), "--json"
+    )
+    assert code == 0, err
+    assert "[8/8]" in err  # progress: 2 prompts × 4 modes
+    payload = json.loads(out)
+    rows = {(r["task"], r["mode"]): r for r in payload["tasks"]}
+    assert set(rows) == {
+        (t, m) for t in ("repeat", "short", "all") for m in ("plain", "model", "ngram", "hybrid")
+    }
+    for (_, mode), row in rows.items():
+        if mode == "plain":
+            assert row["speedup"] is None
+            assert row["reasons"] == ["request: speculation off"]
+        else:
+            assert row["speedup"] > 0 and row["accept_rate"] is not None
+            # ratio of medians of two runs lies between the per-prompt ratios (the mediant)
+            assert row["speedup_min"] <= row["speedup"] + 1e-9
+            assert row["speedup"] <= row["speedup_max"] + 1e-9
+    assert rows[("all", "model")]["runs"] == 2
+
+
+def test_bench_rejects_bad_workload_line(tmp_path: Path, demo_manifest: Manifest) -> None:
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('{"task": "x", "messages": [], "max_tokens": 5}\n')
+    assert_clean_error(
+        *invoke("bench", "--config", str(SHIPPED_MANIFEST), "--workload", str(workload)),
+        "w.jsonl:1",
+        "messages",
+    )
+
+
+@pytest.mark.parametrize("bad", ["plain,bogus", "model"])
+def test_bench_rejects_unavailable_modes(bad: str, demo_manifest: Manifest) -> None:
+    args = ["bench", "--config", str(SHIPPED_MANIFEST), "--modes", bad]
+    if bad == "model":
+        args += ["--pair", "smollm2-ngram"]
+    assert_clean_error(*invoke(*args), "not available")
