@@ -103,6 +103,9 @@ def _request(
 
 
 def _run_one(rt: PairRuntime, req: GenerationRequest) -> tuple[str, GenerationStats]:
+    # Cold caches for every run: otherwise whichever mode runs a prompt first pays its prompt
+    # evaluation and the others reuse the cached prefix.
+    rt.clear_caches()
     parts: list[str] = []
     stats: GenerationStats | None = None
     for out in generate(rt, req):

@@ -40,6 +40,12 @@ class PairRuntime:
     ngram: NgramDrafter
     draft_unavailable_reason: str = ""
 
+    def clear_caches(self) -> None:
+        """Drop cached prompt prefixes (the bench does this so every run pays its prompt)."""
+        self.target.clear()
+        if self.draft is not None:
+            self.draft.ctx.clear()
+
     def drafter(self, kind: str) -> Drafter:
         if kind == "ngram":
             return self.ngram

@@ -230,6 +230,11 @@ class LlamaContext:
             )
         self.tokens.extend(history[start:end])
 
+    def clear(self) -> None:
+        """Forget everything cached (the next extend() evaluates its whole history)."""
+        lc.llama_memory_clear(self._mem, True)
+        self.tokens.clear()
+
     def close(self) -> None:
         if self._ctx:
             lc.llama_batch_free(self._batch)
