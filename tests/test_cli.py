@@ -19,6 +19,11 @@ def invoke(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def ask_demo(prompt: str, *args: str) -> tuple[int, str, str]:
+    """`homespec ask PROMPT --config <shipped models.toml> ARGS…`"""
+    return invoke("ask", prompt, "--config", str(SHIPPED_MANIFEST), *args)
+
+
 def manifest_with(tmp_path: Path, target: Path, draft: str | Path, extra: str = "") -> Path:
     draft_line = f'draft = "{draft}"' if isinstance(draft, str) else 'draft = "d"'
     models = f'[models.t]\npath = "{target}"\n'
@@ -45,11 +50,8 @@ def test_help_lists_commands() -> None:
 
 
 def test_ask_json_has_text_and_every_stat(demo_manifest: Manifest) -> None:
-    code, out, _ = invoke(
-        "ask",
+    code, out, _ = ask_demo(
         "Write a Dockerfile for a Flask app.",
-        "--config",
-        str(SHIPPED_MANIFEST),
         "--max-tokens",
         "48",
         "--json",
@@ -75,9 +77,7 @@ def test_ask_json_has_text_and_every_stat(demo_manifest: Manifest) -> None:
 
 
 def test_ask_streams_text_and_prints_one_stats_line(demo_manifest: Manifest) -> None:
-    code, out, err = invoke(
-        "ask", "Say hello.", "--config", str(SHIPPED_MANIFEST), "--max-tokens", "8"
-    )
+    code, out, err = ask_demo("Say hello.", "--max-tokens", "8")
     assert code == 0 and out.strip()
     assert err.strip().count("\n") == 0
     assert "plain (max_tokens 8 < 32)" in err
@@ -85,29 +85,17 @@ def test_ask_streams_text_and_prints_one_stats_line(demo_manifest: Manifest) -> 
 
 
 def test_ask_explain_marks_drafted_text(demo_manifest: Manifest) -> None:
-    code, out, _ = invoke(
-        "ask",
-        "alpha bravo charlie delta, " * 4,
-        "--raw",
-        "--config",
-        str(SHIPPED_MANIFEST),
-        "--max-tokens",
-        "40",
-        "--drafter",
-        "ngram",
-        "--spec",
-        "--explain",
+    prompt = "alpha bravo charlie delta, " * 4
+    code, out, _ = ask_demo(
+        prompt, "--raw", "--max-tokens", "40", "--drafter", "ngram", "--spec", "--explain"
     )
     assert code == 0
     assert "[" in out and "]" in out
 
 
 def test_ask_ngram_pair_and_no_spec(demo_manifest: Manifest) -> None:
-    code, out, _ = invoke(
-        "ask",
+    code, out, _ = ask_demo(
         "List three colors.",
-        "--config",
-        str(SHIPPED_MANIFEST),
         "--pair",
         "smollm2-ngram",
         "--max-tokens",
@@ -126,6 +114,8 @@ def test_ask_ngram_pair_and_no_spec(demo_manifest: Manifest) -> None:
 
 def test_unknown_key(tmp_path: Path, target_path: Path) -> None:
     cfg = manifest_with(tmp_path, target_path, "ngram", "draft_tokenz = 4\n")
+    code, _, _ = invoke("ask", "hi", "--config", str(cfg))
+    assert code == 2  # bad input/config exits 2, other failures 1
     assert_clean_error(
         *invoke("ask", "hi", "--config", str(cfg)), "pairs.p.draft_tokenz", "unknown key"
     )

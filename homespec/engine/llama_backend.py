@@ -119,10 +119,10 @@ class LlamaModel:
         """Render messages with the model's own chat template (llama.cpp's built-in renderer)."""
         tmpl = lc.llama_model_chat_template(self._model, None)
         if not tmpl:
-            raise RequestError(
-                f"{self.path.name} has no chat template",
-                "send a raw prompt (/v1/completions) or use a chat/instruct model",
-            )
+            # A base model: a plain transcript is the best it understands. Said, not silent.
+            LOG.warning("%s has no chat template: using a plain transcript", self.path.name)
+            turns = [f"{m.role.capitalize()}: {m.content}" for m in messages]
+            return "\n\n".join([*turns, "Assistant:"])
         keep = [(m.role.encode(), m.content.encode()) for m in messages]
         chat = (lc.llama_chat_message * len(keep))()
         for i, (role, content) in enumerate(keep):
@@ -135,7 +135,7 @@ class LlamaModel:
             if n < 0:
                 raise RequestError(
                     f"{self.path.name}: llama.cpp does not support this model's chat template",
-                    "send a raw prompt (/v1/completions) instead",
+                    "send a raw prompt instead (`homespec ask --raw`)",
                 )
             if n <= size:
                 return buf.raw[:n].decode("utf-8", "replace")
