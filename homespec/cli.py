@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -328,4 +329,9 @@ def derive_cmd(src: Path, dst: Path, file_type: str, force: bool) -> None:
 
 
 def main() -> None:
-    cli()
+    try:
+        cli()
+    except BrokenPipeError:  # `homespec ask ... | head`: the reader left, nothing to report
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
