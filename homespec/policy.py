@@ -35,6 +35,7 @@ def decide(
     *,
     draft_available: bool,
     unavailable_reason: str = "",
+    plain_only_reason: str = "",
 ) -> Decision:
     """Speculate or not, with which drafter and how many tokens; `reason` says why."""
     task = pair.tasks.get(req.task) if req.task else None
@@ -55,6 +56,8 @@ def decide(
 
     if req.speculative is False:
         return plain("request: speculation off")
+    if plain_only_reason:  # even a forced request cannot speculate on this target
+        return plain(plain_only_reason)
     if pair.draft == NO_DRAFT and req.drafter is None and not (task and task.drafter):
         return plain(f'pair {pair_name}: draft = "none"')
     degraded = ""

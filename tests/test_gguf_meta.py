@@ -99,3 +99,19 @@ def test_large_vocab_metadata_reads_fast(tmp_path: Path) -> None:
     elapsed = time.perf_counter() - t0
     assert info.vocab_size == 150_000
     assert elapsed < 2.0  # generous bound: ~0.1 s measured here, gguf.GGUFReader took ~4.5 s
+
+
+def test_recurrent_target_is_planned_plain_before_loading(tmp_path: Path) -> None:
+    from homespec.engine.loader import inspect_pair
+    from homespec.manifest import parse_manifest
+
+    write_tiny_gguf(tmp_path / "mamba.gguf", arch="mamba")
+    write_tiny_gguf(tmp_path / "draft.gguf")
+    manifest = parse_manifest(
+        '[models.t]\npath = "mamba.gguf"\n[models.d]\npath = "draft.gguf"\n'
+        '[pairs.p]\ntarget = "t"\ndraft = "d"\n',
+        tmp_path / "models.toml",
+    )
+    files = inspect_pair(manifest, "p")
+    assert files.draft is None
+    assert "'mamba' is recurrent" in files.plain_only_reason

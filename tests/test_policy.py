@@ -74,3 +74,10 @@ def test_ngram_pair_and_no_draft_pair() -> None:
         _decide(ngram, drafter="model")
     none = PAIR.model_copy(update={"draft": "none", "tasks": {}})
     assert _decide(none).reason == 'pair p: draft = "none"'
+
+
+def test_a_target_that_cannot_roll_back_never_speculates() -> None:
+    for kw in ({}, {"speculative": True}, {"drafter": "ngram"}):
+        req = GenerationRequest(prompt="x", **kw)  # type: ignore[arg-type]
+        d = decide("p", PAIR, req, draft_available=False, plain_only_reason="recurrent")
+        assert (d.mode, d.reason) == ("plain", "recurrent")

@@ -39,6 +39,7 @@ class PairRuntime:
     draft: ModelDrafter | None
     ngram: NgramDrafter
     draft_unavailable_reason: str = ""
+    plain_only_reason: str = ""  # the target cannot speculate at all (e.g. recurrent state)
 
     def clear_caches(self) -> None:
         """Drop cached prompt prefixes (the bench does this so every run pays its prompt)."""
@@ -92,6 +93,7 @@ def generate(rt: PairRuntime, req: GenerationRequest) -> Iterator[Chunk | Genera
         req,
         draft_available=rt.draft is not None,
         unavailable_reason=rt.draft_unavailable_reason,
+        plain_only_reason=rt.plain_only_reason,
     )
     drafter: Drafter | None = None
     if decision.mode == "speculative":

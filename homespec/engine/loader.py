@@ -29,6 +29,8 @@ class PairFiles:
     target: GGUFInfo
     draft: GGUFInfo | None
     draft_skip_reason: str = ""
+    # Set when the target cannot speculate at all (any drafter needs KV rollback).
+    plain_only_reason: str = ""
 
 
 def inspect_pair(manifest: Manifest, name: str | None) -> PairFiles:
@@ -36,20 +38,18 @@ def inspect_pair(manifest: Manifest, name: str | None) -> PairFiles:
     target_path = manifest.require_model_file(pair.target, name)
     target = read_gguf(target_path)
     verify_sha256(target_path, manifest.spec.models[pair.target].sha256, pair.target)
+    if target.recurrent:
+        why = (
+            f"target architecture {target.architecture!r} is recurrent: its state cannot roll "
+            "back rejected drafts, so the pair runs plain"
+        )
+        return PairFiles(name, target, None, draft_skip_reason=why, plain_only_reason=why)
     if pair.draft in (NGRAM, NO_DRAFT):
         return PairFiles(name, target, None)
     draft_path = manifest.require_model_file(pair.draft, name)
     draft = read_gguf(draft_path)
     verify_sha256(draft_path, manifest.spec.models[pair.draft].sha256, pair.draft)
     check_pair(name, target, draft)
-    if target.recurrent:
-        return PairFiles(
-            name,
-            target,
-            None,
-            f"target architecture {target.architecture!r} is recurrent: its state cannot roll "
-            "back rejected drafts, so the pair runs plain",
-        )
     return PairFiles(name, target, draft)
 
 
@@ -112,6 +112,7 @@ def load_pair(
             draft=drafter,
             ngram=NgramDrafter(n_min=pair.ngram_min, n_max=pair.ngram_max),
             draft_unavailable_reason=reason,
+            plain_only_reason=files.plain_only_reason,
         )
         LOG.info("pair %s loaded in %s", name, {k: round(v) for k, v in loaded.load_ms.items()})
         return loaded
