@@ -247,3 +247,32 @@ def test_bench_rejects_unavailable_modes(bad: str, demo_manifest: Manifest) -> N
     if bad == "model":
         args += ["--pair", "smollm2-ngram"]
     assert_clean_error(*invoke(*args), "not available")
+
+
+def test_setup_derives_declared_models_idempotently(tmp_path: Path, draft_path: Path) -> None:
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(
+        f'[models.src]\npath = "{draft_path}"\n'
+        '[models.q8]\npath = "derived/q8.gguf"\nderive = { from = "src", type = "Q8_0" }\n'
+        '[pairs.p]\ntarget = "q8"\ndraft = "src"\n'
+    )
+    code, _, err = invoke("setup", "--config", str(cfg))
+    assert code == 0, err
+    assert (tmp_path / "derived" / "q8.gguf").is_file()
+    assert "deriving q8.gguf (Q8_0)" in err
+    code, _, err = invoke("setup", "--config", str(cfg))
+    assert code == 0 and "deriving" not in err and "q8: present" in err
+
+
+def test_setup_without_a_recipe_says_how_to_fix(tmp_path: Path) -> None:
+    cfg = manifest_with(tmp_path, tmp_path / "missing.gguf", "ngram")
+    assert_clean_error(
+        *invoke("setup", "--config", str(cfg)), "says no way to get it", "`pip`, `assemble` or"
+    )
+
+
+def test_cli_reference_is_up_to_date() -> None:
+    from homespec.cli_docs import render
+
+    current = (SHIPPED_MANIFEST.parent / "docs" / "CLI.md").read_text()
+    assert current == render(), "run: python -m homespec.cli_docs > docs/CLI.md"
