@@ -277,3 +277,13 @@ def test_stats_keys(demo_pair: LoadedPair) -> None:
     ):
         assert key in d
     assert 0 < d["ttft_ms"] <= d["e2e_ms"]
+
+
+def test_prompt_longer_than_one_batch_is_chunked(demo_pair: LoadedPair) -> None:
+    """Prompts over n_batch (512) are decoded in chunks; the last chunk yields the logits."""
+    rt = demo_pair.runtime
+    prompt = "The quick brown fox jumps over the lazy dog. " * 70  # ~700 tokens
+    text, stats, _ = run(rt, prompt=prompt, max_tokens=40, speculative=True, drafter="ngram")
+    assert stats.prompt_tokens > rt.target.n_batch
+    assert stats.completion_tokens == 40
+    assert "lazy dog" in text  # the model continues the pattern it was shown in full
