@@ -276,3 +276,10 @@ def test_cli_reference_is_up_to_date() -> None:
 
     current = (SHIPPED_MANIFEST.parent / "docs" / "CLI.md").read_text()
     assert current == render(), "run: python -m homespec.cli_docs > docs/CLI.md"
+
+
+def test_valid_gguf_that_llama_cpp_cannot_load(tmp_path: Path) -> None:
+    """Metadata passes, but the tensors a llama model needs are missing: llama.cpp refuses."""
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf")
+    cfg = manifest_with(tmp_path, tiny, "ngram")
+    assert_clean_error(*invoke("ask", "hi", "--config", str(cfg)), "llama.cpp could not load")

@@ -287,3 +287,11 @@ def test_prompt_longer_than_one_batch_is_chunked(demo_pair: LoadedPair) -> None:
     assert stats.prompt_tokens > rt.target.n_batch
     assert stats.completion_tokens == 40
     assert "lazy dog" in text  # the model continues the pattern it was shown in full
+
+
+def test_seeded_sampling_is_reproducible(demo_pair: LoadedPair) -> None:
+    rt = demo_pair.runtime
+    kw = {"messages": chat("Name three fruits."), "max_tokens": 40, "temperature": 0.8}
+    a, _, _ = run(rt, seed=7, speculative=True, **kw)
+    b, _, _ = run(rt, seed=7, speculative=True, **kw)
+    assert a == b and a
