@@ -53,21 +53,27 @@ def inspect_pair(manifest: Manifest, name: str | None) -> PairFiles:
     return PairFiles(name, target, draft)
 
 
+def _close(contexts: list[LlamaContext], models: list[LlamaModel]) -> None:
+    for ctx in contexts:
+        ctx.close()
+    for model in models:
+        model.close()
+    contexts.clear()
+    models.clear()
+
+
 @dataclass
 class LoadedPair:
+    """A loaded pair; close() (or `with`) frees the contexts, then the models."""
+
     runtime: PairRuntime
     files: PairFiles
-    load_ms: dict[str, float] = field(default_factory=dict)
-    _models: list[LlamaModel] = field(default_factory=list)
-    _contexts: list[LlamaContext] = field(default_factory=list)
+    load_ms: dict[str, float]
+    models: list[LlamaModel] = field(default_factory=list)
+    contexts: list[LlamaContext] = field(default_factory=list)
 
     def close(self) -> None:
-        for ctx in self._contexts:
-            ctx.close()
-        for model in self._models:
-            model.close()
-        self._contexts.clear()
-        self._models.clear()
+        _close(self.contexts, self.models)
 
     def __enter__(self) -> LoadedPair:
         return self
@@ -79,43 +85,42 @@ class LoadedPair:
 def load_pair(
     manifest: Manifest, name: str | None = None, *, load_draft: bool = True
 ) -> LoadedPair:
+    """Validate from metadata (inspect_pair), then load the target, then the draft."""
     files = inspect_pair(manifest, name)
     name, pair = manifest.pair(files.name)
     threads = pair.threads or default_threads()
     n_batch = min(N_BATCH, pair.n_ctx)
-    loaded = LoadedPair(runtime=None, files=files)  # type: ignore[arg-type]  # set below
+    models: list[LlamaModel] = []
+    contexts: list[LlamaContext] = []
+    load_ms: dict[str, float] = {}
     try:
         t0 = time.perf_counter()
-        target_model = LlamaModel(files.target.path, gpu_layers=pair.gpu_layers)
-        loaded._models.append(target_model)
-        target_ctx = LlamaContext(target_model, n_ctx=pair.n_ctx, n_batch=n_batch, threads=threads)
-        loaded._contexts.append(target_ctx)
-        loaded.load_ms["target"] = (time.perf_counter() - t0) * 1000.0
+        models.append(LlamaModel(files.target.path, gpu_layers=pair.gpu_layers))
+        target_ctx = LlamaContext(models[0], n_ctx=pair.n_ctx, n_batch=n_batch, threads=threads)
+        contexts.append(target_ctx)
+        load_ms["target"] = (time.perf_counter() - t0) * 1000.0
         drafter = None
         reason = files.draft_skip_reason
         if files.draft is not None and load_draft:
             t0 = time.perf_counter()
-            draft_model = LlamaModel(files.draft.path, gpu_layers=pair.draft_gpu_layers)
-            loaded._models.append(draft_model)
-            draft_ctx = LlamaContext(
-                draft_model, n_ctx=pair.n_ctx, n_batch=n_batch, threads=threads
-            )
-            loaded._contexts.append(draft_ctx)
+            models.append(LlamaModel(files.draft.path, gpu_layers=pair.draft_gpu_layers))
+            draft_ctx = LlamaContext(models[1], n_ctx=pair.n_ctx, n_batch=n_batch, threads=threads)
+            contexts.append(draft_ctx)
             drafter = ModelDrafter(draft_ctx, p_min=pair.draft_p_min)
-            loaded.load_ms["draft"] = (time.perf_counter() - t0) * 1000.0
+            load_ms["draft"] = (time.perf_counter() - t0) * 1000.0
         elif files.draft is not None:
             reason = "draft model not loaded (load_draft=False)"
-        loaded.runtime = PairRuntime(
-            name=name,
-            spec=pair,
-            target=target_ctx,
-            draft=drafter,
-            ngram=NgramDrafter(n_min=pair.ngram_min, n_max=pair.ngram_max),
-            draft_unavailable_reason=reason,
-            plain_only_reason=files.plain_only_reason,
-        )
-        LOG.info("pair %s loaded in %s", name, {k: round(v) for k, v in loaded.load_ms.items()})
-        return loaded
     except BaseException:
-        loaded.close()
+        _close(contexts, models)
         raise
+    runtime = PairRuntime(
+        name=name,
+        spec=pair,
+        target=target_ctx,
+        draft=drafter,
+        ngram=NgramDrafter(n_min=pair.ngram_min, n_max=pair.ngram_max),
+        draft_unavailable_reason=reason,
+        plain_only_reason=files.plain_only_reason,
+    )
+    LOG.info("pair %s loaded in %s", name, {k: round(v) for k, v in load_ms.items()})
+    return LoadedPair(runtime, files, load_ms, models, contexts)
