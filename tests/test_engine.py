@@ -277,6 +277,9 @@ def test_stats_keys(demo_pair: LoadedPair) -> None:
     ):
         assert key in d
     assert 0 < d["ttft_ms"] <= d["e2e_ms"]
+    assert d["prompt_format"] == "chat template"
+    _, raw, _ = run(demo_pair.runtime, prompt="Hello", max_tokens=4)
+    assert raw.prompt_format == "raw prompt"
 
 
 def test_prompt_longer_than_one_batch_is_chunked(demo_pair: LoadedPair) -> None:

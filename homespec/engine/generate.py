@@ -13,6 +13,7 @@ else.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
 from homespec.errors import RequestError
 from homespec.manifest import PairSpec
 from homespec.policy import decide, effective_temperature
+
+LOG = logging.getLogger("homespec.engine")
 
 
 @dataclass
@@ -62,6 +65,20 @@ def sampling_params(pair: PairSpec, req: GenerationRequest) -> SamplingParams:
         top_k=req.top_k if req.top_k is not None else s.top_k,
         seed=req.seed if req.seed is not None else s.seed,
     )
+
+
+PROMPT_FORMATS = {
+    "chat": "chat template",
+    "transcript": "plain transcript (the target has no chat template)",
+    "raw": "raw prompt",
+}
+
+
+def prompt_format(rt: PairRuntime, req: GenerationRequest) -> str:
+    if req.messages is None:
+        return PROMPT_FORMATS["raw"]
+    chat = rt.target.model.has_chat_template()
+    return PROMPT_FORMATS["chat" if chat else "transcript"]
 
 
 def prompt_tokens(rt: PairRuntime, req: GenerationRequest) -> list[int]:
@@ -109,8 +126,11 @@ def generate(rt: PairRuntime, req: GenerationRequest) -> Iterator[Chunk | Genera
         reason=decision.reason,
         drafter=decision.drafter,
         prompt_tokens=n_prompt,
+        prompt_format=prompt_format(rt, req),
         accepted_per_position=[0] * decision.draft_tokens,
     )
+    if stats.prompt_format == PROMPT_FORMATS["transcript"]:
+        LOG.warning("pair %s: %s", rt.name, stats.prompt_format)
     text = TextStream(req.stop)
     model = rt.target.model
     done = False

@@ -115,12 +115,17 @@ class LlamaModel:
     def is_eog(self, token: int) -> bool:
         return bool(lc.llama_vocab_is_eog(self._vocab, token))
 
+    def has_chat_template(self) -> bool:
+        return bool(lc.llama_model_chat_template(self._model, None))
+
     def chat_prompt(self, messages: list[Message]) -> str:
-        """Render messages with the model's own chat template (llama.cpp's built-in renderer)."""
+        """Render messages with the model's own chat template (llama.cpp's built-in renderer).
+
+        A base model without a template gets a plain "Role: text" transcript; the engine
+        reports that in the request's stats (`prompt_format`).
+        """
         tmpl = lc.llama_model_chat_template(self._model, None)
         if not tmpl:
-            # A base model: a plain transcript is the best it understands. Said, not silent.
-            LOG.warning("%s has no chat template: using a plain transcript", self.path.name)
             turns = [f"{m.role.capitalize()}: {m.content}" for m in messages]
             return "\n\n".join([*turns, "Assistant:"])
         keep = [(m.role.encode(), m.content.encode()) for m in messages]

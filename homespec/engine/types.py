@@ -61,6 +61,7 @@ class GenerationStats:
     ttft_ms: float = 0.0
     e2e_ms: float = 0.0
     finish_reason: str = "length"
+    prompt_format: str = "chat template"  # or a plain transcript for base models, or raw
     # accepted_per_position[i] counts steps whose draft token i (0-based) was accepted.
     accepted_per_position: list[int] = field(default_factory=list)
 
