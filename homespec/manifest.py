@@ -112,6 +112,11 @@ class PairSpec(_Strict):
     draft_p_min: float = Field(
         0.0, ge=0.0, lt=1.0, description="stop drafting when the draft's top probability is lower"
     )
+    flash_attn: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="auto: off for a pair run on the CPU only (measured faster there), "
+        "llama.cpp's own choice when any layer is on a GPU",
+    )
     ngram_min: int = Field(2, ge=1, le=16, description="shortest n-gram prompt lookup matches")
     ngram_max: int = Field(4, ge=1, le=16, description="longest n-gram prompt lookup tries first")
     spec_min_max_tokens: int = Field(

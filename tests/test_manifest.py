@@ -97,3 +97,14 @@ def test_config_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert find_manifest(tmp_path / "models.toml") == tmp_path / "models.toml"
     with pytest.raises(ConfigError, match=r"--config: .* does not exist"):
         find_manifest(tmp_path / "missing.toml")
+
+
+def test_flash_attention_auto_is_off_on_cpu_and_llama_cpp_auto_on_gpu() -> None:
+    from homespec.engine.loader import flash_attention
+    from homespec.manifest import PairSpec
+
+    cpu = PairSpec(target="t", draft="d")
+    assert flash_attention(cpu) is False
+    assert flash_attention(cpu.model_copy(update={"gpu_layers": -1})) is None
+    assert flash_attention(cpu.model_copy(update={"flash_attn": "on"})) is True
+    assert flash_attention(cpu.model_copy(update={"flash_attn": "off", "gpu_layers": 8})) is False

@@ -162,8 +162,22 @@ class LlamaContext:
     a verify step, and prompt-prefix reuse across requests, are the same operation.
     """
 
-    def __init__(self, model: LlamaModel, *, n_ctx: int, n_batch: int, threads: int) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        threads: int,
+        flash_attn: bool | None = None,
+    ) -> None:
+        """`flash_attn`: None leaves it to llama.cpp ("auto"), else forces it on or off."""
         params = lc.llama_context_default_params()
+        params.flash_attn_type = {
+            None: lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
+            False: lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+            True: lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+        }[flash_attn]
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
