@@ -74,19 +74,14 @@ PROMPT_FORMATS = {
 }
 
 
-def prompt_format(rt: PairRuntime, req: GenerationRequest) -> str:
-    if req.messages is None:
-        return PROMPT_FORMATS["raw"]
-    chat = rt.target.model.has_chat_template()
-    return PROMPT_FORMATS["chat" if chat else "transcript"]
-
-
-def prompt_tokens(rt: PairRuntime, req: GenerationRequest) -> list[int]:
+def prompt_tokens(rt: PairRuntime, req: GenerationRequest) -> tuple[list[int], str]:
+    """The prompt's tokens and how it was rendered (one of PROMPT_FORMATS' values)."""
     model = rt.target.model
     if req.messages is not None:
         text = model.chat_prompt(req.messages)
+        how = PROMPT_FORMATS["chat" if model.has_chat_template() else "transcript"]
     elif req.prompt is not None:
-        text = req.prompt
+        text, how = req.prompt, PROMPT_FORMATS["raw"]
     else:
         raise RequestError("request has neither messages nor a prompt", "send one of them")
     tokens = model.tokenize(text, special=True)
@@ -98,7 +93,7 @@ def prompt_tokens(rt: PairRuntime, req: GenerationRequest) -> list[int]:
             f"{rt.target.n_ctx}-token context (room is needed for at least one answer token)",
             "shorten the prompt or raise n_ctx in models.toml",
         )
-    return tokens
+    return tokens, how
 
 
 def generate(rt: PairRuntime, req: GenerationRequest) -> Iterator[Chunk | GenerationStats]:
@@ -118,7 +113,7 @@ def generate(rt: PairRuntime, req: GenerationRequest) -> Iterator[Chunk | Genera
         drafter.reset()
     params = sampling_params(rt.spec, req)
     rng = np.random.default_rng(params.seed)
-    history = prompt_tokens(rt, req)
+    history, how = prompt_tokens(rt, req)
     n_prompt = len(history)
     max_new = min(req.max_tokens, rt.target.n_ctx - n_prompt)
     stats = GenerationStats(
@@ -126,7 +121,7 @@ def generate(rt: PairRuntime, req: GenerationRequest) -> Iterator[Chunk | Genera
         reason=decision.reason,
         drafter=decision.drafter,
         prompt_tokens=n_prompt,
-        prompt_format=prompt_format(rt, req),
+        prompt_format=how,
         accepted_per_position=[0] * decision.draft_tokens,
     )
     if stats.prompt_format == PROMPT_FORMATS["transcript"]:
