@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 import mmap
+import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
@@ -58,13 +60,53 @@ class GGUFInfo:
     eos_id: int | None
     add_bos: bool | None
     add_eos: bool | None
-    tokens: list[str] = field(repr=False)
+    tokens: Sequence[str] = field(repr=False)
     tensor_bytes: int = 0
     n_params: int = 0
+    # What the memory planner needs (docs/ARCHITECTURE.md, "Memory").
+    n_head: int = 0
+    n_head_kv: tuple[int, ...] = ()  # per layer (GGUF allows a scalar or an array)
+    key_length: int = 0
+    value_length: int = 0
+    n_ff: int = 0
+    sliding_window: int = 0
+    layer_bytes: tuple[int, ...] = ()  # tensor bytes of blk.N.*, by N
+    embd_bytes: int = 0  # token_embd.weight: stays on the CPU
+    output_bytes: int = 0  # output.weight; 0 when tied to the token embedding
+    other_bytes: int = 0  # output_norm and the rest, outside the layers
 
     @property
     def recurrent(self) -> bool:
         return self.architecture in RECURRENT_ARCHS
+
+
+_U64 = struct.Struct("<Q")
+
+
+class TokenTable(Sequence[str]):
+    """A GGUF string array kept as raw bytes: a 150k+ token vocabulary is counted and compared
+    without building a Python string per token; `table[i]` decodes one on demand."""
+
+    def __init__(self, raw: bytes, offsets: list[int]) -> None:
+        self._raw = raw
+        self._offsets = offsets  # start of item i; item i ends at offsets[i + 1] - 8
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def raw(self, i: int) -> bytes:
+        return self._raw[self._offsets[i] : self._offsets[i + 1] - 8]
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return self.raw(i % len(self)).decode("utf-8", "replace")
 
 
 class _Cursor:
@@ -87,13 +129,29 @@ class _Cursor:
         self.pos += n
         return raw.decode("utf-8", "replace")
 
+    def string_table(self, count: int) -> TokenTable:
+        """`count` strings, located in one pass and decoded only when asked for."""
+        unpack = _U64.unpack_from
+        buf, pos, size = self.buf, self.pos, len(self.buf)
+        start = pos
+        offsets = [0] * (count + 1)
+        for i in range(count):
+            (n,) = unpack(buf, pos)
+            offsets[i] = pos + 8 - start
+            pos += 8 + n
+            if pos > size:
+                raise IndexError("string array runs past the end of the file")
+        offsets[count] = pos + 8 - start  # so item i ends 8 bytes before offsets[i + 1]
+        self.pos = pos
+        return TokenTable(bytes(buf[start:pos]), offsets)
+
     def value(self, vtype: int) -> Any:
         if vtype == GGUFValueType.STRING:
             return self.string()
         if vtype == GGUFValueType.ARRAY:
             itype, count = self.unpack("I"), self.unpack("Q")
             if itype == GGUFValueType.STRING:
-                return [self.string() for _ in range(count)]
+                return self.string_table(count)
             if itype in _SCALAR_FORMATS:
                 fmt = _SCALAR_FORMATS[itype]
                 size = struct.calcsize(fmt) * count
@@ -150,6 +208,30 @@ def _parse(buf: mmap.mmap) -> tuple[dict[str, Any], list[tuple[str, int, int, in
     return meta, [(n, data_start + off, nb, ne) for n, off, nb, ne in infos]
 
 
+_LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
+
+
+def _int_key(meta: dict[str, Any], key: str) -> int | None:
+    v = meta.get(key)
+    return int(v) if isinstance(v, int | float) else None
+
+
+def _max_int(v: Any) -> int:
+    """A scalar, or the largest entry of a per-layer array (0 when absent)."""
+    if isinstance(v, int | float):
+        return int(v)
+    if isinstance(v, np.ndarray | list) and len(v):
+        return int(max(v))
+    return 0
+
+
+def _per_layer(v: Any, default: int, n_layers: int) -> tuple[int, ...]:
+    if isinstance(v, np.ndarray | list) and len(v) == n_layers:
+        return tuple(int(x) for x in v)
+    value = int(v) if isinstance(v, int | float) else default
+    return (value,) * n_layers
+
+
 def read_gguf(path: Path) -> GGUFInfo:
     """Metadata of one GGUF file, or a ModelFileError that says what is wrong with it."""
     hint = "re-download or re-derive the file (`homespec setup`)"
@@ -177,6 +259,12 @@ def read_gguf(path: Path) -> GGUFInfo:
 
     tensor_bytes = 0
     n_params = 0
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelFileError(f"{path}: GGUF has no general.architecture", hint)
+    block_count = _int_key(meta, f"{arch}.block_count") or 0
+    layer_bytes = [0] * block_count
+    named: dict[str, int] = {}
     for name, offset, n_bytes, n_elements in tensors:
         if offset + n_bytes > size:
             raise ModelFileError(
@@ -186,29 +274,34 @@ def read_gguf(path: Path) -> GGUFInfo:
             )
         tensor_bytes += n_bytes
         n_params += n_elements
-
-    arch = meta.get("general.architecture")
-    if not isinstance(arch, str):
-        raise ModelFileError(f"{path}: GGUF has no general.architecture", hint)
+        m = _LAYER_TENSOR.match(name)
+        if m and int(m.group(1)) < block_count:
+            layer_bytes[int(m.group(1))] += n_bytes
+        else:
+            named[name] = named.get(name, 0) + n_bytes
+    embd_bytes = named.pop("token_embd.weight", 0)
+    output_bytes = named.pop("output.weight", 0)
     tokens = meta.get("tokenizer.ggml.tokens")
-    tokens = tokens if isinstance(tokens, list) else []
+    tokens = tokens if isinstance(tokens, TokenTable) else TokenTable(b"", [0])
 
     def _int(key: str) -> int | None:
-        v = meta.get(key)
-        return int(v) if isinstance(v, int | float) else None
+        return _int_key(meta, key)
 
     def _bool(key: str) -> bool | None:
         v = meta.get(key)
         return bool(v) if isinstance(v, bool | int) else None
 
+    embedding_length = _int(f"{arch}.embedding_length") or 0
+    n_head = _max_int(meta.get(f"{arch}.attention.head_count"))
+    head_dim = embedding_length // n_head if n_head else 0
     return GGUFInfo(
         path=path,
         architecture=arch,
         name=str(meta.get("general.name") or path.stem),
         file_type=_int("general.file_type"),
-        block_count=_int(f"{arch}.block_count") or 0,
+        block_count=block_count,
         context_length=_int(f"{arch}.context_length") or 0,
-        embedding_length=_int(f"{arch}.embedding_length") or 0,
+        embedding_length=embedding_length,
         vocab_type=str(meta.get("tokenizer.ggml.model") or "none"),
         vocab_size=len(tokens),
         bos_id=_int("tokenizer.ggml.bos_token_id"),
@@ -218,6 +311,16 @@ def read_gguf(path: Path) -> GGUFInfo:
         tokens=tokens,
         tensor_bytes=tensor_bytes,
         n_params=n_params,
+        n_head=n_head,
+        n_head_kv=_per_layer(meta.get(f"{arch}.attention.head_count_kv"), n_head, block_count),
+        key_length=_int(f"{arch}.attention.key_length") or head_dim,
+        value_length=_int(f"{arch}.attention.value_length") or head_dim,
+        n_ff=_max_int(meta.get(f"{arch}.feed_forward_length")),
+        sliding_window=_int(f"{arch}.attention.sliding_window") or 0,
+        layer_bytes=tuple(layer_bytes),
+        embd_bytes=embd_bytes,
+        output_bytes=output_bytes,
+        other_bytes=sum(named.values()),
     )
 
 
@@ -245,12 +348,17 @@ def compatibility_problems(target: GGUFInfo, draft: GGUFInfo) -> list[str]:
     else:
         n = min(target.vocab_size, draft.vocab_size)
         for i in range(VOCAB_CHECK_START_ID, n):
-            if target.tokens[i] != draft.tokens[i]:
+            if _raw_token(target, i) != _raw_token(draft, i):
                 problems.append(
                     f"token {i} differs: target {target.tokens[i]!r}, draft {draft.tokens[i]!r}"
                 )
                 break
     return problems
+
+
+def _raw_token(info: GGUFInfo, i: int) -> bytes:
+    t = info.tokens
+    return t.raw(i) if isinstance(t, TokenTable) else t[i].encode()
 
 
 def check_pair(pair: str, target: GGUFInfo, draft: GGUFInfo) -> None:

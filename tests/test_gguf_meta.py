@@ -102,8 +102,8 @@ def test_large_vocab_metadata_reads_fast(tmp_path: Path) -> None:
 
 
 def test_recurrent_target_is_planned_plain_before_loading(tmp_path: Path) -> None:
-    from homespec.engine.loader import inspect_pair
     from homespec.manifest import parse_manifest
+    from homespec.pairs import inspect_pair
 
     write_tiny_gguf(tmp_path / "mamba.gguf", arch="mamba")
     write_tiny_gguf(tmp_path / "draft.gguf")
