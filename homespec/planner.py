@@ -1,0 +1,393 @@
+"""Memory planner: what a pair will take on each device, and the best arrangement that fits.
+
+Pure functions of (GGUF metadata, machine, pair settings): nothing here loads a model or probes
+anything, so every rung of the ladder is tested with hand-written machines.
+
+Estimates (docs/ARCHITECTURE.md, "Memory", has the measurements behind the constants):
+- weights: the file's tensor bytes; layers offload from the last one, the token embedding stays
+  on the CPU, the output matrix goes to the GPU only when every layer does (a tied embedding is
+  then copied there).
+- KV cache: Σ layers n_head_kv × (key_length + value_length) × 2 bytes (f16) × cells, cells =
+  n_ctx rounded up to 256; sliding-window layers are full size (llama.cpp's swa_full default).
+- compute: attention scores for one layer (n_ubatch × cells × n_head × 4 bytes, ×1.6 for the
+  softmax copy), masks, activations and the logits of up to `n_outputs` positions; fitted to what
+  llama.cpp really touched on the demo models, then a margin on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from homespec.gguf_meta import GGUFInfo
+from homespec.resources import RAM, Gpu, Machine
+from homespec.sizes import GiB, MiB, fmt_size
+
+KV_CELL_PAD = 256
+KV_BYTES_PER_ELEMENT = 2.0  # f16 K and V, llama.cpp's default cache type
+KQ_FACTOR = 1.6  # scores + softmax output alive at once (measured: 1.6 on SmolLM2, Gemma 3)
+ACTIVATION_ROWS = 3  # ~3 × (n_embd + n_ff) floats per batch token alive at the peak (measured)
+HOST_OVERHEAD = 14 * MiB  # per loaded model: vocabulary, token cache, graph metadata (measured)
+HOST_OVERHEAD_PER_TOKEN = 80  # bytes per vocabulary entry (measured: 49k and 262k vocabularies)
+ESTIMATE_MARGIN = 0.10  # added to every device's estimate
+RAM_RESERVE = 256 * MiB  # left free for the OS and the rest of the process
+GPU_RESERVE = 1 * GiB  # CUDA context and driver per GPU (llama.cpp's own fitter keeps 1 GiB)
+N_UBATCH = 512
+
+Mode = Literal["speculative", "ngram", "plain", "refused"]
+RUNGS = (
+    "co-load",  # 1: target and draft together (on the GPU, or in RAM on a CPU-only box)
+    "draft-on-cpu",  # 2: target on the GPU, draft in RAM
+    "ngram",  # 3: draft dropped, model-free n-gram drafting
+    "plain",  # 4: target only, no speculation (smaller logits buffer)
+    "smaller-context",  # 5: n_ctx reduced, never below the pair's n_ctx_min
+    "partial-offload",  # 6: only some target layers on the GPU
+    "cpu-only",  # 7: everything in RAM
+)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One model's estimated bytes per device ("ram", "cuda0", ...)."""
+
+    weights: dict[str, int] = field(default_factory=dict)
+    kv: dict[str, int] = field(default_factory=dict)
+    compute: dict[str, int] = field(default_factory=dict)
+
+    def on(self, device: str) -> int:
+        return sum(part.get(device, 0) for part in (self.weights, self.kv, self.compute))
+
+    @property
+    def total(self) -> int:
+        return sum(self.on(d) for d in self.devices)
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({*self.weights, *self.kv, *self.compute})
+
+
+def _add(d: dict[str, int], device: str, n: float) -> None:
+    if n:
+        d[device] = d.get(device, 0) + int(n)
+
+
+def kv_cells(n_ctx: int) -> int:
+    return -(-n_ctx // KV_CELL_PAD) * KV_CELL_PAD
+
+
+def estimate(
+    info: GGUFInfo,
+    *,
+    n_ctx: int,
+    n_outputs: int,
+    gpu_layers: int = 0,
+    gpu: str | None = None,
+    n_ubatch: int = N_UBATCH,
+) -> Footprint:
+    """Bytes per device for one model and its context. `gpu_layers` counts from the last layer;
+    more than the model's layers (or -1) puts the output matrix on the GPU too."""
+    n_layer = info.block_count
+    on_gpu = 0 if gpu is None else (n_layer + 1 if gpu_layers < 0 else min(gpu_layers, n_layer + 1))
+    gpu_dev = gpu or RAM
+    w: dict[str, int] = {}
+    kv: dict[str, int] = {}
+    compute: dict[str, int] = {}
+    first_gpu_layer = n_layer - min(on_gpu, n_layer)
+    cells = kv_cells(n_ctx)
+    for i, layer_bytes in enumerate(info.layer_bytes):
+        device = gpu_dev if i >= first_gpu_layer else RAM
+        _add(w, device, layer_bytes)
+        n_kv = info.n_head_kv[i] if i < len(info.n_head_kv) else 0
+        _add(
+            kv, device, n_kv * (info.key_length + info.value_length) * KV_BYTES_PER_ELEMENT * cells
+        )
+    _add(w, RAM, info.embd_bytes)
+    output_device = gpu_dev if on_gpu > n_layer else RAM
+    if info.output_bytes:
+        _add(w, output_device, info.output_bytes)
+    elif output_device != RAM:  # tied: llama.cpp copies the embedding to the output's device
+        _add(w, output_device, info.embd_bytes)
+    _add(w, output_device, info.other_bytes)
+    ubatch = min(n_ubatch, n_ctx)
+    kv_cells_used = cells if not info.recurrent else ubatch
+    graph = (
+        ubatch * kv_cells_used * max(info.n_head, 1) * 4 * KQ_FACTOR
+        + ubatch * kv_cells_used * 4 * (2 if info.sliding_window else 1)
+        + ubatch * 4 * ACTIVATION_ROWS * (info.embedding_length + info.n_ff)
+        + n_outputs * info.vocab_size * 4
+    )
+    compute_device = gpu_dev if on_gpu else RAM
+    _add(compute, compute_device, graph)
+    # Host side: vocabulary and caches, the logits output buffer, the input embeddings.
+    host = HOST_OVERHEAD + HOST_OVERHEAD_PER_TOKEN * info.vocab_size
+    host += n_outputs * info.vocab_size * 4
+    if compute_device != RAM:
+        host += ubatch * info.embedding_length * 4 * 2
+    _add(compute, RAM, host)
+    return Footprint(w, kv, compute)
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    device: str
+    target_weights: int
+    target_kv: int
+    draft_weights: int
+    draft_kv: int
+    compute: int
+    margin: int
+    free: int
+
+    @property
+    def need(self) -> int:
+        return (
+            self.target_weights
+            + self.target_kv
+            + self.draft_weights
+            + self.draft_kv
+            + self.compute
+            + self.margin
+        )
+
+    @property
+    def fits(self) -> bool:
+        return self.need <= self.free
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "target_weights": self.target_weights,
+            "target_kv": self.target_kv,
+            "draft_weights": self.draft_weights,
+            "draft_kv": self.draft_kv,
+            "compute": self.compute,
+            "margin": self.margin,
+            "need": self.need,
+            "free": self.free,
+            "fits": self.fits,
+        }
+
+
+@dataclass(frozen=True)
+class Arrangement:
+    """Where each model goes: the knobs the loader turns."""
+
+    rung: str
+    mode: Mode
+    n_ctx: int
+    target_gpu_layers: int = 0
+    draft_gpu_layers: int | None = None  # None: the draft is not loaded
+    gpu: str | None = None
+    n_outputs: int = 1  # logits positions per target decode (draft_tokens + 1 when speculating)
+
+
+@dataclass(frozen=True)
+class PairPlan:
+    name: str
+    arrangement: Arrangement
+    reason: str
+    degraded: bool
+    declared_rung: str
+    devices: tuple[DeviceUse, ...] = ()
+    notes: tuple[str, ...] = ()
+    shortfall: str = ""  # when degraded: which device ran short for the declared arrangement
+
+    @property
+    def rung(self) -> str:
+        return self.arrangement.rung
+
+    @property
+    def mode(self) -> Mode:
+        return self.arrangement.mode
+
+    @property
+    def runnable(self) -> bool:
+        return self.mode != "refused"
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.arrangement
+        return {
+            "name": self.name,
+            "rung": a.rung,
+            "rank": RUNGS.index(a.rung) + 1 if a.rung in RUNGS else None,
+            "mode": a.mode,
+            "reason": self.reason,
+            "degraded": self.degraded,
+            "declared_rung": self.declared_rung,
+            "shortfall": self.shortfall,
+            "n_ctx": a.n_ctx,
+            "target_gpu_layers": a.target_gpu_layers,
+            "draft_gpu_layers": a.draft_gpu_layers,
+            "draft_loaded": a.draft_gpu_layers is not None,
+            "gpu": a.gpu,
+            "n_outputs": a.n_outputs,
+            "devices": [d.to_dict() for d in self.devices],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class PairRequest:
+    """What the manifest declares for a pair, reduced to what the planner needs."""
+
+    name: str
+    target: GGUFInfo
+    draft: GGUFInfo | None  # None: declared "ngram"/"none", or a recurrent target
+    declared: Mode  # speculative (draft model), ngram or plain
+    n_ctx: int
+    n_ctx_min: int
+    n_outputs: int  # logits positions a verify step needs
+    gpu_layers: int = -1  # -1: as many as fit; 0: CPU only; N: at most N
+    draft_gpu_layers: int = -1
+
+
+def _use(
+    machine: Machine, a: Arrangement, target: Footprint, draft: Footprint | None
+) -> tuple[DeviceUse, ...]:
+    devices = sorted({RAM, *target.devices, *(draft.devices if draft else [])})
+    uses = []
+    for dev in devices:
+        d = draft or Footprint()
+        compute = target.compute.get(dev, 0) + d.compute.get(dev, 0)
+        need = target.on(dev) + d.on(dev)
+        reserve = RAM_RESERVE if dev == RAM else GPU_RESERVE
+        free = machine.free(dev, reserve)
+        uses.append(
+            DeviceUse(
+                device=dev,
+                target_weights=target.weights.get(dev, 0),
+                target_kv=target.kv.get(dev, 0),
+                draft_weights=d.weights.get(dev, 0),
+                draft_kv=d.kv.get(dev, 0),
+                compute=compute,
+                margin=int(need * ESTIMATE_MARGIN),
+                free=free,
+            )
+        )
+    # Unified memory (Apple): what the GPU takes also comes out of RAM.
+    shared = sum(u.need for u in uses for g in machine.gpus if g.device == u.device and g.unified)
+    if shared:
+        uses = [replace(u, free=max(0, u.free - shared)) if u.device == RAM else u for u in uses]
+    return tuple(uses)
+
+
+def evaluate(req: PairRequest, machine: Machine, a: Arrangement) -> tuple[DeviceUse, ...]:
+    target = estimate(
+        req.target,
+        n_ctx=a.n_ctx,
+        n_outputs=a.n_outputs,
+        gpu_layers=a.target_gpu_layers,
+        gpu=a.gpu,
+    )
+    draft = None
+    if a.draft_gpu_layers is not None and req.draft is not None:
+        draft = estimate(
+            req.draft, n_ctx=a.n_ctx, n_outputs=1, gpu_layers=a.draft_gpu_layers, gpu=a.gpu
+        )
+    return _use(machine, a, target, draft)
+
+
+def _best_gpu(machine: Machine) -> Gpu | None:
+    gpus = machine.usable_gpus
+    return max(gpus, key=lambda g: machine.free(g.device)) if gpus else None
+
+
+def candidates(req: PairRequest, machine: Machine) -> list[Arrangement]:
+    """The ladder for this pair on this machine, best first, starting at what it declares."""
+    gpu = _best_gpu(machine) if req.gpu_layers != 0 else None
+    full = req.target.block_count + 1
+    t_layers = full if req.gpu_layers < 0 else min(req.gpu_layers, full)
+    spec_out, ctx = req.n_outputs, req.n_ctx
+    out: list[Arrangement] = []
+    modes: list[Mode] = ["speculative", "ngram", "plain"]
+    modes = modes[modes.index(req.declared) :]
+    if gpu is None:
+        if "speculative" in modes:
+            out.append(Arrangement("co-load", "speculative", ctx, 0, 0, None, spec_out))
+        if "ngram" in modes:
+            out.append(Arrangement("ngram", "ngram", ctx, n_outputs=spec_out))
+        out.append(Arrangement("plain", "plain", ctx))
+        out += _smaller_contexts(req, Arrangement("smaller-context", "plain", ctx), modes, spec_out)
+        return out
+    g = gpu.device
+    if "speculative" in modes:
+        if req.draft_gpu_layers != 0:
+            out.append(
+                Arrangement(
+                    "co-load", "speculative", ctx, t_layers, req.draft_gpu_layers, g, spec_out
+                )
+            )
+        out.append(Arrangement("draft-on-cpu", "speculative", ctx, t_layers, 0, g, spec_out))
+    if "ngram" in modes:
+        out.append(Arrangement("ngram", "ngram", ctx, t_layers, None, g, spec_out))
+    out.append(Arrangement("plain", "plain", ctx, t_layers, None, g))
+    base = Arrangement("smaller-context", "plain", ctx, t_layers, None, g)
+    out += _smaller_contexts(req, base, modes, spec_out)
+    light: Mode = "ngram" if "ngram" in modes else "plain"
+    n_out = spec_out if light == "ngram" else 1
+    for layers in range(min(t_layers, req.target.block_count) - 1, 0, -1):
+        out.append(Arrangement("partial-offload", light, ctx, layers, None, g, n_out))
+    cpu_req = replace(req, gpu_layers=0)
+    out += [replace(a, rung="cpu-only") for a in candidates(cpu_req, machine)]
+    return out
+
+
+def _smaller_contexts(
+    req: PairRequest, base: Arrangement, modes: list[Mode], spec_out: int
+) -> list[Arrangement]:
+    """n-gram (when the pair may draft) then plain, at each smaller context down to n_ctx_min."""
+    out = []
+    ctx = kv_cells(req.n_ctx) - KV_CELL_PAD
+    if ctx >= req.n_ctx:
+        ctx -= KV_CELL_PAD
+    while ctx >= req.n_ctx_min:
+        if "ngram" in modes:
+            out.append(replace(base, mode="ngram", n_ctx=ctx, n_outputs=spec_out))
+        out.append(replace(base, mode="plain", n_ctx=ctx, n_outputs=1))
+        ctx -= KV_CELL_PAD
+    return out
+
+
+def _shortfall(uses: tuple[DeviceUse, ...]) -> str:
+    worst = max(uses, key=lambda u: u.need - u.free)
+    return f"{worst.device} needs {fmt_size(worst.need)}, {fmt_size(worst.free)} usable"
+
+
+def _what(a: Arrangement, req: PairRequest) -> str:
+    where = f"on {a.gpu}" if a.gpu and a.target_gpu_layers else "in RAM"
+    if a.rung == "partial-offload":
+        where = f"{a.target_gpu_layers}/{req.target.block_count} layers on {a.gpu}, rest in RAM"
+    text = {
+        "speculative": "target and draft " + where,
+        "ngram": f"target {where}, n-gram drafting (no draft memory)",
+        "plain": f"target {where}, plain decoding",
+        "refused": "",
+    }[a.mode]
+    if a.mode == "speculative" and a.rung == "draft-on-cpu":
+        text = f"target on {a.gpu}, draft in RAM"
+    if a.n_ctx < req.n_ctx:
+        text += f", context cut to {a.n_ctx} tokens from {req.n_ctx}"
+    return text
+
+
+def plan_pair(req: PairRequest, machine: Machine) -> PairPlan:
+    """The first arrangement of the ladder that fits, with a reason a person can act on."""
+    ladder = candidates(req, machine)
+    first = ladder[0]
+    for a in ladder:
+        uses = evaluate(req, machine, a)
+        if all(u.fits for u in uses):
+            if a == first:
+                return PairPlan(req.name, a, f"as declared: {_what(a, req)}", False, a.rung, uses)
+            short = _shortfall(evaluate(req, machine, first))
+            reason = f"{_what(first, req)} does not fit ({short}): falling back to {_what(a, req)}"
+            return PairPlan(req.name, a, reason, True, first.rung, uses, shortfall=short)
+    smallest = replace(ladder[-1])
+    uses = evaluate(req, machine, smallest)
+    missing = sum(max(0, u.need - u.free) for u in uses)
+    reason = (
+        f"does not fit even as {_what(smallest, req)}: {_shortfall(uses)}, "
+        f"{fmt_size(missing)} missing; free memory, raise the budget, or use a smaller model"
+    )
+    refused = replace(smallest, rung="refuse", mode="refused")
+    return PairPlan(req.name, refused, reason, True, first.rung, uses, shortfall=_shortfall(uses))

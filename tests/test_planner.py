@@ -1,0 +1,254 @@
+"""The memory planner on hand-written metadata and machines: every rung, and its properties."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from homespec.gguf_meta import GGUFInfo
+from homespec.planner import (
+    GPU_RESERVE,
+    RAM_RESERVE,
+    RUNGS,
+    Mode,
+    PairRequest,
+    candidates,
+    estimate,
+    evaluate,
+    plan_pair,
+)
+from homespec.resources import RAM, Gpu, Machine, Ram
+from homespec.sizes import GiB, MiB
+
+
+def model(
+    *,
+    layers: int = 32,
+    layer_mib: float = 200,
+    embd_mib: float = 500,
+    output_mib: float = 500,
+    n_head: int = 32,
+    n_head_kv: int = 8,
+    head_dim: int = 128,
+    n_embd: int = 4096,
+    n_ff: int = 14336,
+    vocab: int = 128_256,
+    arch: str = "llama",
+) -> GGUFInfo:
+    """Metadata shaped like a real model (defaults: roughly Llama 3.1 8B at Q8_0)."""
+    return GGUFInfo(
+        path=Path(f"{arch}-{layers}.gguf"),
+        architecture=arch,
+        name="synthetic",
+        file_type=7,
+        block_count=layers,
+        context_length=131_072,
+        embedding_length=n_embd,
+        vocab_type="gpt2",
+        vocab_size=vocab,
+        bos_id=1,
+        eos_id=2,
+        add_bos=True,
+        add_eos=False,
+        tokens=[],
+        tensor_bytes=int((layers * layer_mib + embd_mib + output_mib) * MiB),
+        n_head=n_head,
+        n_head_kv=(n_head_kv,) * layers,
+        key_length=head_dim,
+        value_length=head_dim,
+        n_ff=n_ff,
+        layer_bytes=(int(layer_mib * MiB),) * layers,
+        embd_bytes=int(embd_mib * MiB),
+        output_bytes=int(output_mib * MiB),
+    )
+
+
+TARGET = model()  # ~7.4 GiB of weights
+DRAFT = model(layers=16, layer_mib=40, embd_mib=130, output_mib=0, n_head_kv=8, n_embd=2048,
+              n_ff=8192, head_dim=64)  # fmt: skip  # ~0.8 GiB, tied embeddings (Llama 3.2 1B)
+
+
+def request(declared: Mode = "speculative", **kw: object) -> PairRequest:
+    base = PairRequest(
+        name="p",
+        target=TARGET,
+        draft=DRAFT if declared == "speculative" else None,
+        declared=declared,
+        n_ctx=8192,
+        n_ctx_min=1024,
+        n_outputs=65,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def box(ram_gib: float, gpu_gib: float | None = None, **ram_kw: int) -> Machine:
+    gpus = () if gpu_gib is None else (Gpu("cuda0", "Test GPU", 24 * GiB, int(gpu_gib * GiB)),)
+    return Machine(
+        ram=Ram(total=64 * GiB, available=int(ram_gib * GiB), **ram_kw),  # type: ignore[arg-type]
+        gpus=gpus,
+        gpu_offload=gpu_gib is not None,
+    )
+
+
+def test_kv_cache_follows_the_metadata_formula() -> None:
+    # 32 layers × 8 KV heads × (128 + 128) × 2 bytes × 8192 cells = 1 GiB: Llama 3.1 8B's f16 KV.
+    fp = estimate(TARGET, n_ctx=8192, n_outputs=1)
+    assert fp.kv[RAM] == 32 * 8 * 256 * 2 * 8192 == 1 * GiB
+    # Cells are n_ctx rounded up to 256.
+    assert estimate(TARGET, n_ctx=8000, n_outputs=1).kv[RAM] == fp.kv[RAM]
+
+
+def test_layers_offload_from_the_last_and_the_embedding_stays_on_the_cpu() -> None:
+    part = estimate(TARGET, n_ctx=4096, n_outputs=1, gpu_layers=10, gpu="cuda0")
+    assert part.weights["cuda0"] == 10 * 200 * MiB  # output matrix stays with the CPU layers
+    assert part.weights[RAM] == (22 * 200 + 500 + 500) * MiB
+    assert part.kv["cuda0"] * 22 == part.kv[RAM] * 10
+    full = estimate(TARGET, n_ctx=4096, n_outputs=1, gpu_layers=-1, gpu="cuda0")
+    assert full.weights["cuda0"] == (32 * 200 + 500) * MiB  # all layers + output
+    assert full.weights[RAM] == 500 * MiB  # token embedding
+    # A tied output matrix is a copy of the embedding on the GPU.
+    tied = estimate(DRAFT, n_ctx=4096, n_outputs=1, gpu_layers=-1, gpu="cuda0")
+    assert tied.weights["cuda0"] == (16 * 40 + 130) * MiB
+
+
+def test_the_logits_buffer_grows_with_the_outputs_a_verify_step_needs() -> None:
+    one = estimate(TARGET, n_ctx=4096, n_outputs=1).total
+    many = estimate(TARGET, n_ctx=4096, n_outputs=65).total
+    assert many - one == 2 * 64 * TARGET.vocab_size * 4  # compute graph + host output buffer
+
+
+def test_gpu_box_with_room_co_loads_as_declared() -> None:
+    p = plan_pair(request(), box(32, gpu_gib=20))
+    assert (p.rung, p.mode, p.degraded) == ("co-load", "speculative", False)
+    assert p.reason.startswith("as declared: target and draft on cuda0")
+    assert p.arrangement.draft_gpu_layers == -1
+
+
+def test_gpu_too_small_for_both_moves_the_draft_to_the_cpu() -> None:
+    # Target alone ~9.6 GiB on the GPU with its context, ~11.6 GiB with the draft; 1 GiB is kept.
+    m = box(32, gpu_gib=12)
+    assert not all(u.fits for u in evaluate(request(), m, candidates(request(), m)[0]))
+    p = plan_pair(request(), m)
+    assert (p.rung, p.mode, p.degraded) == ("draft-on-cpu", "speculative", True)
+    assert "target and draft on cuda0 does not fit (cuda0 needs" in p.reason
+    assert "target on cuda0, draft in RAM" in p.reason
+    use = {u.device: u for u in p.devices}
+    assert use["cuda0"].draft_weights == 0 and use[RAM].draft_weights > 0
+
+
+def test_no_ram_for_the_draft_either_drops_it_for_ngram() -> None:
+    p = plan_pair(request(), box(1.5, gpu_gib=12))
+    assert (p.rung, p.mode) == ("ngram", "ngram")
+    assert p.arrangement.draft_gpu_layers is None
+    assert "n-gram drafting (no draft memory)" in p.reason
+
+
+def test_gpu_smaller_than_the_target_at_full_context_cuts_the_context_first() -> None:
+    # At 8192 tokens the target needs ~9.5 GiB + 1 GiB kept free; less at a smaller context.
+    p = plan_pair(request(), box(2, gpu_gib=10.2))
+    assert p.rung == "smaller-context"
+    assert 1024 <= p.arrangement.n_ctx < 8192
+    assert f"context cut to {p.arrangement.n_ctx} tokens from 8192" in p.reason
+
+
+def test_gpu_too_small_at_the_minimum_context_offloads_part_of_the_layers() -> None:
+    p = plan_pair(request(), box(16, gpu_gib=5))
+    assert p.rung == "partial-offload"
+    assert 0 < p.arrangement.target_gpu_layers < 32
+    assert f"{p.arrangement.target_gpu_layers}/32 layers on cuda0" in p.reason
+    assert all(u.fits for u in p.devices)
+
+
+def test_gpu_useless_falls_back_to_the_cpu() -> None:
+    p = plan_pair(request(), box(32, gpu_gib=0.5))
+    assert p.rung == "cpu-only"
+    assert p.arrangement.gpu is None or p.arrangement.target_gpu_layers == 0
+
+
+def test_cpu_box_rungs_co_load_ngram_plain_smaller_context_refuse() -> None:
+    rungs = [a.rung for a in candidates(request(), box(64))]
+    assert rungs[:3] == ["co-load", "ngram", "plain"]
+    assert set(rungs[3:]) == {"smaller-context"}
+    assert plan_pair(request(), box(64)).rung == "co-load"
+    # Co-loaded the pair needs ~12.3 GiB with its margin, the target alone ~10.2 GiB.
+    assert plan_pair(request(), box(11)).rung == "ngram"
+    p = plan_pair(request(), box(4))
+    assert p.mode == "refused"
+    assert "does not fit even as target in RAM, plain decoding, context cut to 1024" in p.reason
+    assert "missing" in p.reason
+
+
+def test_cgroup_limit_caps_ram_below_what_the_host_has_free() -> None:
+    limited = box(60, cgroup_limit=2 * GiB, cgroup_used=100 * MiB)
+    assert limited.free(RAM) == 2 * GiB - 100 * MiB
+    small = request(target=DRAFT, draft=None, declared="ngram", n_ctx=2048, n_ctx_min=512)
+    p = plan_pair(small, limited)
+    assert p.runnable
+    assert p.devices[0].free == 2 * GiB - 100 * MiB - RAM_RESERVE
+    assert plan_pair(request(), limited).mode == "refused"
+
+
+def test_budget_caps_what_is_planned_even_with_free_memory() -> None:
+    m = box(60, gpu_gib=20).with_budgets({"cuda0": 6 * GiB})
+    assert m.free("cuda0", GPU_RESERVE) == 6 * GiB
+    assert plan_pair(request(), m).rung != "co-load"
+
+
+def test_declared_layout_is_the_first_rung_and_not_degraded() -> None:
+    cpu_draft = plan_pair(request(draft_gpu_layers=0), box(32, gpu_gib=20))
+    assert (cpu_draft.rung, cpu_draft.degraded) == ("draft-on-cpu", False)
+    cpu_only = plan_pair(request(gpu_layers=0), box(32, gpu_gib=20))
+    assert (cpu_only.rung, cpu_only.arrangement.gpu) == ("co-load", None)
+    ngram = plan_pair(request("ngram"), box(32))
+    assert (ngram.rung, ngram.mode, ngram.degraded) == ("ngram", "ngram", False)
+    plain = plan_pair(request("plain"), box(32))
+    assert (plain.rung, plain.mode, plain.arrangement.n_outputs) == ("plain", "plain", 1)
+
+
+def test_gpu_without_offload_support_is_ignored() -> None:
+    m = replace(box(32, gpu_gib=20), gpu_offload=False)
+    assert plan_pair(request(), m).arrangement.gpu is None
+
+
+def test_unified_memory_counts_gpu_use_against_ram() -> None:
+    metal = Gpu("metal", "Apple GPU", 12 * GiB, 12 * GiB, unified=True)
+    m = Machine(ram=Ram(total=16 * GiB, available=12 * GiB), gpus=(metal,), gpu_offload=True)
+    p = plan_pair(request(), m)
+    ram = next(u for u in p.devices if u.device == RAM)
+    gpu = next(u for u in p.devices if u.device == "metal")
+    assert ram.free <= 12 * GiB - RAM_RESERVE - gpu.need
+
+
+def ladder_index(req: PairRequest, m: Machine) -> int:
+    p = plan_pair(req, m)
+    ladder = candidates(req, m)
+    return ladder.index(p.arrangement) if p.runnable else len(ladder)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ram=st.floats(0.5, 40),
+    gpu=st.one_of(st.none(), st.floats(0.2, 24)),
+    more_ram=st.floats(0, 20),
+    more_gpu=st.floats(0, 20),
+    declared=st.sampled_from(["speculative", "ngram", "plain"]),
+)
+def test_more_memory_never_picks_a_worse_rung(
+    ram: float, gpu: float | None, more_ram: float, more_gpu: float, declared: Mode
+) -> None:
+    req = request(declared)
+    less = ladder_index(req, box(ram, gpu))
+    more = ladder_index(req, box(ram + more_ram, None if gpu is None else gpu + more_gpu))
+    assert more <= less
+
+
+def test_plan_dict_is_the_documented_shape() -> None:
+    d = plan_pair(request(), box(2, gpu_gib=12)).to_dict()
+    assert {"name", "rung", "mode", "reason", "devices"} <= set(d)
+    assert d["rank"] == RUNGS.index(d["rung"]) + 1
+    dev = d["devices"][0]
+    assert {"device", "target_weights", "target_kv", "draft_weights", "draft_kv", "compute",
+            "margin", "need", "free", "fits"} == set(dev)  # fmt: skip
