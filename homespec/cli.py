@@ -35,6 +35,17 @@ class _Group(click.Group):
             ctx.exit(err.exit_code)
 
 
+class _StderrHandler(logging.Handler):
+    """Log records to whatever sys.stderr is at the time (warnings such as "pair runs
+    degraded" are part of the CLI's output, so they follow stderr redirection)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(self.format(record), err=True)
+        except Exception:
+            self.handleError(record)
+
+
 def config_option(f: F) -> F:
     return click.option(
         "--config",
@@ -63,9 +74,14 @@ def cli(verbose: bool) -> None:
     proposes tokens, the target verifies them in one pass and keeps the agreeing prefix, so the
     answer is the target's own. Every answer reports how much speculation helped.
     """
+    handler = _StderrHandler()
+    handler.setFormatter(
+        logging.Formatter(
+            "%(asctime)s %(name)s %(levelname)s %(message)s" if verbose else "homespec: %(message)s"
+        )
+    )
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler], force=True
     )
 
 
@@ -191,6 +207,7 @@ def ask(
         assert stats is not None
         result = stats.to_dict()
         result["pair"] = loaded.runtime.name
+        result["plan"] = {k: loaded.plan.to_dict()[k] for k in ("rung", "mode", "reason", "n_ctx")}
         if as_json:
             click.echo(json.dumps({"text": "".join(parts), "stats": result}, ensure_ascii=False))
         else:
@@ -235,9 +252,11 @@ def bench(
     the share of answers identical to plain decoding's.
     """
     from homespec.bench import MODES, available_modes, render_table, run_bench, summarize
+    from homespec.doctor import render_memory
     from homespec.engine.loader import load_pair
     from homespec.errors import ConfigError
     from homespec.manifest import load_manifest
+    from homespec.memcheck import memory_rows
     from homespec.workload import default_workload, load_workload
 
     manifest = load_manifest(config)
@@ -246,8 +265,10 @@ def bench(
         items = [i for i in items if i.task in tasks]
         if not items:
             raise ConfigError(f"no workload items for task(s) {', '.join(tasks)}", "check --task")
-    with load_pair(manifest, pair) as loaded:
+    _err("bench: loading the pair and filling its contexts once (to measure memory)…")
+    with load_pair(manifest, pair, measure_peak=True) as loaded:
         rt = loaded.runtime
+        memory = memory_rows(loaded)
         chosen = available_modes(rt)
         if modes:
             chosen = [m.strip() for m in modes.split(",") if m.strip()]
@@ -284,10 +305,80 @@ def bench(
             "repeat": repeat,
             "modes": chosen,
             "tasks": [r.to_dict() for r in rows],
+            "plan": loaded.plan.to_dict(),
+            "memory": memory,
         }
         click.echo(json.dumps(payload, indent=2))
     else:
         click.echo(render_table(rows))
+        click.echo(f"\nmemory plan: {loaded.plan.rung} → {loaded.plan.mode} ({loaded.plan.reason})")
+        click.echo(render_memory(memory))
+
+
+@cli.command()
+@config_option
+@click.option("--pair", "pairs", multiple=True, help="Only this pair (repeatable; default: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
+@click.option(
+    "--plan", "plan_only", is_flag=True, help='Only the memory plans: {"pairs": [...]} with --json.'
+)
+@click.option(
+    "--measure",
+    is_flag=True,
+    help="Load each runnable pair, fill its context once, and print predicted vs measured memory.",
+)
+def doctor(
+    config: Path | None, pairs: tuple[str, ...], as_json: bool, plan_only: bool, measure: bool
+) -> None:
+    """Check the machine, every pair's files and compatibility, and plan memory before loading.
+
+    For each pair: its model files (present, valid GGUF, architecture, size, trained context),
+    llama.cpp's draft compatibility rules, a memory table per device, and the chosen rung of
+    the fallback ladder with its reason. Budgets from models.toml [memory] or
+    HOMESPEC_MEMORY_BUDGET (e.g. "ram=6GiB,cuda0=7GiB") cap what is planned.
+
+    Exit code: 0 every pair runs as declared, 1 one runs degraded (e.g. draft dropped), 2 one
+    cannot run.
+    """
+    from homespec import doctor as doc
+    from homespec.engine.loader import probe
+    from homespec.manifest import load_manifest
+    from homespec.pairs import machine_budgets
+
+    manifest = load_manifest(config)
+    names = list(pairs) or sorted(manifest.spec.pairs)
+    for name in names:
+        manifest.pair(name)  # an unknown --pair is an error before any probing
+    machine = machine_budgets(manifest, probe())
+    reports = [doc.check_pair(manifest, name, machine) for name in names]
+    if measure:
+        for r in reports:
+            if r.plan is not None and r.plan.runnable:
+                _err(f"doctor: measuring pair {r.name} (loads it and fills its context)…")
+                doc.measure(manifest, r)
+    code = doc.exit_code(reports)
+    if plan_only and as_json:
+        payload: dict[str, Any] = {"pairs": [r.plan.to_dict() for r in reports if r.plan]}
+        payload["errors"] = {r.name: r.error for r in reports if r.error}
+        click.echo(json.dumps(payload, indent=2))
+    elif as_json:
+        payload = {
+            "machine": doc.machine_dict(machine),
+            "pairs": [r.to_dict() for r in reports],
+            "status": doc.STATUS[code],
+        }
+        click.echo(json.dumps(payload, indent=2))
+    elif plan_only:
+        for r in reports:
+            if r.plan is not None and r.plan.runnable:
+                click.echo(f"{r.name}: {r.plan.rung} → {r.plan.mode}: {r.plan.reason}")
+            elif r.plan is not None:
+                click.echo(f"{r.name}: cannot run: {r.plan.reason}")
+            else:
+                click.echo(f"{r.name}: cannot run: {r.error}")
+    else:
+        click.echo(doc.render(machine, reports))
+    sys.exit(code)
 
 
 @cli.command()

@@ -8,6 +8,7 @@ Anything else escaping is a bug and keeps its traceback.
     ├── ConfigError          models.toml is missing, unreadable or invalid
     ├── ModelFileError       a model file is missing, not GGUF, truncated or fails its sha256
     ├── IncompatiblePairError  target and draft cannot speculate together (names the rule)
+    ├── OutOfMemoryError     no arrangement of the pair fits the memory there is (says how much)
     ├── RequestError         a request cannot be served as asked (e.g. prompt over the context)
     ├── EngineError          llama.cpp refused to load a model, create a context or decode
     └── SetupError           getting or deriving a demo model failed
@@ -39,6 +40,10 @@ class ModelFileError(HomespecError):
 
 
 class IncompatiblePairError(HomespecError):
+    exit_code = 2
+
+
+class OutOfMemoryError(HomespecError):
     exit_code = 2
 
 

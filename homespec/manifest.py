@@ -24,6 +24,7 @@ setting that silently does nothing.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from importlib import util as importlib_util
@@ -33,7 +34,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from homespec.errors import ConfigError, ModelFileError
+from homespec.sizes import parse_size
 
+MAX_DRAFT_TOKENS = 64
 NGRAM = "ngram"
 NO_DRAFT = "none"
 CONFIG_ENV = "HOMESPEC_CONFIG"
@@ -93,7 +96,7 @@ class TaskPolicy(_Strict):
     """Per-task overrides, e.g. `creative`: speculation off; `code`: longer drafts."""
 
     speculative: bool | None = None
-    draft_tokens: int | None = Field(None, ge=1, le=64)
+    draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS)
     drafter: Literal["model", "ngram", "hybrid"] | None = None
     temperature: float | None = Field(None, ge=0.0, le=5.0)
 
@@ -101,14 +104,27 @@ class TaskPolicy(_Strict):
 class PairSpec(_Strict):
     target: Name
     draft: Name = Field(description='a model name, "ngram" (prompt lookup) or "none"')
-    draft_tokens: int = Field(6, ge=1, le=64, description="tokens proposed per verify step")
+    draft_tokens: int = Field(
+        6, ge=1, le=MAX_DRAFT_TOKENS, description="tokens proposed per verify step"
+    )
     drafter: Literal["model", "ngram", "hybrid"] | None = Field(
         None, description="default: hybrid with a draft model (n-gram when it matches), else ngram"
     )
     n_ctx: int = Field(2048, ge=64, le=1_048_576)
     threads: int = Field(0, ge=0, le=512, description="0 = physical cores")
-    gpu_layers: int = Field(0, ge=-1, description="target layers on the GPU; -1 = all")
-    draft_gpu_layers: int = Field(0, ge=-1)
+    gpu_layers: int = Field(
+        -1,
+        ge=-1,
+        description="target layers on the GPU: -1 = as many as fit (all when they do), "
+        "0 = CPU only, N = at most N; ignored without a GPU build of llama.cpp",
+    )
+    draft_gpu_layers: int = Field(-1, ge=-1, description="the same for the draft model")
+    n_ctx_min: int | None = Field(
+        None,
+        ge=64,
+        description="the memory planner never cuts the context below this (default 512, "
+        "or n_ctx when smaller)",
+    )
     draft_p_min: float = Field(
         0.0, ge=0.0, lt=1.0, description="stop drafting when the draft's top probability is lower"
     )
@@ -128,11 +144,42 @@ class PairSpec(_Strict):
     sampling: Sampling = Field(default_factory=lambda: Sampling())
     tasks: dict[Name, TaskPolicy] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _ctx_min(self) -> PairSpec:
+        if self.n_ctx_min is not None and self.n_ctx_min > self.n_ctx:
+            raise ValueError(f"n_ctx_min {self.n_ctx_min} is above n_ctx {self.n_ctx}")
+        return self
+
+    @property
+    def min_context(self) -> int:
+        return self.n_ctx_min if self.n_ctx_min is not None else min(512, self.n_ctx)
+
+
+class MemorySpec(_Strict):
+    """`[memory]`: caps on what homespec may plan to use, per device."""
+
+    budget: dict[str, str] = Field(
+        default_factory=dict,
+        description='e.g. { ram = "6GiB", cuda0 = "7GiB" }; HOMESPEC_MEMORY_BUDGET wins per device',
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> MemorySpec:
+        for device, size in self.budget.items():
+            if not re.fullmatch(r"ram|cuda\d+|metal", device):
+                raise ValueError(f"budget: unknown device {device!r} (ram, cudaN or metal)")
+            try:
+                parse_size(size)
+            except ValueError as exc:
+                raise ValueError(f"budget.{device}: {exc}") from None
+        return self
+
 
 class ManifestSpec(_Strict):
     default_pair: Name | None = None
     models: dict[Name, ModelSpec] = Field(default_factory=dict)
     pairs: dict[Name, PairSpec]
+    memory: MemorySpec = Field(default_factory=lambda: MemorySpec())
 
     @model_validator(mode="after")
     def _references(self) -> ManifestSpec:

@@ -20,6 +20,7 @@ SHIPPED_MANIFEST = REPO / "models.toml"
 def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOMESPEC_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HOMESPEC_CONFIG", raising=False)
+    monkeypatch.delenv("HOMESPEC_MEMORY_BUDGET", raising=False)
 
 
 @pytest.fixture(scope="session")

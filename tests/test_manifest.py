@@ -103,8 +103,21 @@ def test_flash_attention_auto_is_off_on_cpu_and_llama_cpp_auto_on_gpu() -> None:
     from homespec.engine.loader import flash_attention
     from homespec.manifest import PairSpec
 
-    cpu = PairSpec(target="t", draft="d")
-    assert flash_attention(cpu) is False
-    assert flash_attention(cpu.model_copy(update={"gpu_layers": -1})) is None
-    assert flash_attention(cpu.model_copy(update={"flash_attn": "on"})) is True
-    assert flash_attention(cpu.model_copy(update={"flash_attn": "off", "gpu_layers": 8})) is False
+    pair = PairSpec(target="t", draft="d")
+    assert flash_attention(pair, on_gpu=False) is False
+    assert flash_attention(pair, on_gpu=True) is None
+    assert flash_attention(pair.model_copy(update={"flash_attn": "on"}), on_gpu=False) is True
+    assert flash_attention(pair.model_copy(update={"flash_attn": "off"}), on_gpu=True) is False
+
+
+def test_memory_budget_and_min_context_are_validated(tmp_path: Path) -> None:
+    base = '[models.t]\npath = "t.gguf"\n[pairs.p]\ntarget = "t"\ndraft = "ngram"\n'
+    with pytest.raises(ConfigError, match=r"memory: budget: unknown device 'gpu0'"):
+        parse_manifest(base + '[memory]\nbudget = { gpu0 = "1GiB" }\n', tmp_path / "m.toml")
+    with pytest.raises(ConfigError, match=r"budget.ram: 'lots' is not a size"):
+        parse_manifest(base + '[memory]\nbudget = { ram = "lots" }\n', tmp_path / "m.toml")
+    with pytest.raises(ConfigError, match=r"n_ctx_min 4096 is above n_ctx 2048"):
+        parse_manifest(base + "n_ctx_min = 4096\n", tmp_path / "m.toml")
+    m = parse_manifest(base + '[memory]\nbudget = { ram = "1.5GiB" }\n', tmp_path / "m.toml")
+    assert m.spec.memory.budget == {"ram": "1.5GiB"}
+    assert m.spec.pairs["p"].min_context == 512

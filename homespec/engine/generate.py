@@ -155,7 +155,7 @@ def generate(rt: PairRuntime, req: GenerationRequest) -> Iterator[Chunk | Genera
 
     while not done:
         room = min(max_new - stats.completion_tokens, rt.target.n_ctx - len(history)) - 1
-        k = min(decision.draft_tokens, room)
+        k = min(decision.draft_tokens, room, rt.target.n_outputs_max - 1)
         proposal = drafter.propose(history, k, params, rng) if drafter and k > 0 else Proposal([])
         drafts = proposal.tokens
         logits = rt.target.extend(history + drafts, len(drafts) + 1)

@@ -84,6 +84,8 @@ class LlamaModel:
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab: int = lc.llama_vocab_n_tokens(self._vocab)
         self.add_bos: bool = bool(lc.llama_vocab_get_add_bos(self._vocab))
+        # An ordinary token to fill a context with when measuring memory.
+        self.filler_token: int = self.tokenize(" the", special=False)[-1]
         self._pieces: dict[int, bytes] = {}
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
@@ -170,8 +172,15 @@ class LlamaContext:
         n_batch: int,
         threads: int,
         flash_attn: bool | None = None,
+        n_outputs_max: int = 1,
     ) -> None:
-        """`flash_attn`: None leaves it to llama.cpp ("auto"), else forces it on or off."""
+        """`flash_attn`: None leaves it to llama.cpp ("auto"), else forces it on or off.
+
+        `n_outputs_max`: the most positions one decode may ask logits for (a verify step asks
+        draft_tokens + 1). llama.cpp sizes its compute buffer for this many rows of logits
+        (n_batch by default: 512 × vocabulary × 4 bytes, 512 MiB for a 262k vocabulary), and
+        aborts the process when a batch asks for more, so extend() checks it first.
+        """
         params = lc.llama_context_default_params()
         params.flash_attn_type = {
             None: lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -184,6 +193,8 @@ class LlamaContext:
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
+        params.n_outputs_max = min(n_outputs_max, n_batch)
+        self.n_outputs_max = params.n_outputs_max
         self.model = model
         self.n_ctx = n_ctx
         self.n_batch = n_batch
@@ -212,8 +223,10 @@ class LlamaContext:
                 f"{len(history)} tokens do not fit the {self.n_ctx}-token context",
                 "shorten the prompt or raise n_ctx in models.toml",
             )
-        if not 1 <= n_logits <= min(len(history), self.n_batch):
-            raise ValueError(f"n_logits={n_logits} out of range")
+        if not 1 <= n_logits <= min(len(history), self.n_outputs_max):
+            raise ValueError(
+                f"n_logits={n_logits} out of range (n_outputs_max {self.n_outputs_max})"
+            )
         common = 0
         limit = min(len(self.tokens), len(history) - n_logits)
         if self.tokens[:limit] == history[:limit]:
@@ -248,6 +261,15 @@ class LlamaContext:
                 "the context may be full or out of memory; lower n_ctx or max_tokens",
             )
         self.tokens.extend(history[start:end])
+
+    def touch_peak(self) -> None:
+        """Fill the whole context once, the last batch asking for n_outputs_max logits, then
+        clear it: afterwards the process has touched every buffer a request can grow into, so
+        a memory measurement taken now is the worst case, not the idle case."""
+        filler = [self.model.filler_token] * self.n_ctx
+        self.clear()
+        self.extend(filler, min(self.n_outputs_max, self.n_ctx))
+        self.clear()
 
     def clear(self) -> None:
         """Forget everything cached (the next extend() evaluates its whole history)."""

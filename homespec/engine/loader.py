@@ -1,7 +1,9 @@
-"""Load a pair declared in the manifest: check files and compatibility first, then load.
+"""Load a pair the way its memory plan says, and measure what the load really took.
 
-Everything that can be refused from metadata (missing file, not GGUF, truncated, sha256 mismatch,
-incompatible vocabularies) is refused here, before llama.cpp allocates anything.
+The plan (homespec/planner.py) is made from metadata before anything loads; this module only
+carries it out: which layers go to the GPU, whether the draft loads at all, the context size, and
+how many logits rows the target's compute buffer holds. A pair that does not fit is refused here
+with the plan's reason, never half-loaded into an out-of-memory crash.
 """
 
 from __future__ import annotations
@@ -10,60 +12,59 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import psutil
+
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
-from homespec.engine.llama_backend import LlamaContext, LlamaModel, default_threads
-from homespec.gguf_meta import GGUFInfo, check_pair, read_gguf
-from homespec.integrity import verify_sha256
-from homespec.manifest import NGRAM, NO_DRAFT, Manifest, PairSpec
+from homespec.engine.llama_backend import (
+    LlamaContext,
+    LlamaModel,
+    default_threads,
+    supports_gpu_offload,
+    system_info,
+)
+from homespec.errors import OutOfMemoryError
+from homespec.manifest import Manifest, PairSpec
+from homespec.pairs import PairFiles, inspect_pair, plan
+from homespec.planner import Arrangement, Footprint, PairPlan, estimate
+from homespec.resources import RAM, Machine, cuda_used, probe_machine
+from homespec.sizes import fmt_size
 
 LOG = logging.getLogger("homespec.loader")
 N_BATCH = 512
 
 
-@dataclass
-class PairFiles:
-    """The pair's files, validated from metadata alone (nothing loaded yet)."""
-
-    name: str
-    target: GGUFInfo
-    draft: GGUFInfo | None
-    draft_skip_reason: str = ""
-    # Set when the target cannot speculate at all (any drafter needs KV rollback).
-    plain_only_reason: str = ""
+def probe() -> Machine:
+    """This machine, with this llama.cpp build's backends."""
+    return probe_machine(backend_info=lambda: (system_info(), supports_gpu_offload()))
 
 
-def inspect_pair(manifest: Manifest, name: str | None) -> PairFiles:
-    name, pair = manifest.pair(name)
-    target_path = manifest.require_model_file(pair.target, name)
-    target = read_gguf(target_path)
-    verify_sha256(target_path, manifest.spec.models[pair.target].sha256, pair.target)
-    if target.recurrent:
-        why = (
-            f"target architecture {target.architecture!r} is recurrent: its state cannot roll "
-            "back rejected drafts, so the pair runs plain"
-        )
-        return PairFiles(name, target, None, draft_skip_reason=why, plain_only_reason=why)
-    if pair.draft in (NGRAM, NO_DRAFT):
-        return PairFiles(name, target, None)
-    draft_path = manifest.require_model_file(pair.draft, name)
-    draft = read_gguf(draft_path)
-    verify_sha256(draft_path, manifest.spec.models[pair.draft].sha256, pair.draft)
-    check_pair(name, target, draft)
-    return PairFiles(name, target, draft)
-
-
-def flash_attention(pair: PairSpec) -> bool | None:
+def flash_attention(pair: PairSpec, *, on_gpu: bool) -> bool | None:
     """The pair's flash-attention setting for llama.cpp (None = llama.cpp decides).
 
     On the CPU, llama.cpp's flash-attention kernel slowed decoding as the context grew on the
     machines homespec is built on (SmolLM2 F32 at 800 tokens of context: 50 ms/token with it,
-    28 ms without; about even under 100 tokens), so "auto" turns it off for CPU-only pairs.
+    28 ms without; about even under 100 tokens), so "auto" turns it off for a pair the plan puts
+    on the CPU only.
     """
     if pair.flash_attn != "auto":
         return pair.flash_attn == "on"
-    on_gpu = pair.gpu_layers != 0 or pair.draft_gpu_layers != 0
     return None if on_gpu else False
+
+
+@dataclass(frozen=True)
+class MemoryCheck:
+    """Predicted vs measured bytes for one loaded model, per device."""
+
+    role: str
+    predicted: dict[str, int]
+    measured: dict[str, int]
+    peak: bool  # measured after touch_peak() (worst case), not just after loading
+
+    def error(self, device: str = RAM) -> float | None:
+        """(predicted - measured) / measured; None when nothing was measured there."""
+        m = self.measured.get(device)
+        return None if not m else (self.predicted.get(device, 0) - m) / m
 
 
 def _close(contexts: list[LlamaContext], models: list[LlamaModel]) -> None:
@@ -81,7 +82,9 @@ class LoadedPair:
 
     runtime: PairRuntime
     files: PairFiles
+    plan: PairPlan
     load_ms: dict[str, float]
+    memory: list[MemoryCheck] = field(default_factory=list)
     models: list[LlamaModel] = field(default_factory=list)
     contexts: list[LlamaContext] = field(default_factory=list)
 
@@ -95,50 +98,114 @@ class LoadedPair:
         self.close()
 
 
+def _used(gpu: str | None) -> dict[str, int]:
+    used = {RAM: psutil.Process().memory_info().rss}
+    if gpu and gpu.startswith("cuda"):
+        used.update({k: v for k, v in cuda_used().items() if k == gpu})
+    return used
+
+
+def _footprint(files: PairFiles, a: Arrangement, role: str) -> Footprint:
+    if role == "target":
+        return estimate(
+            files.target, n_ctx=a.n_ctx, n_outputs=a.n_outputs, gpu_layers=a.target_gpu_layers,
+            gpu=a.gpu,
+        )  # fmt: skip
+    assert files.draft is not None and a.draft_gpu_layers is not None
+    return estimate(
+        files.draft, n_ctx=a.n_ctx, n_outputs=1, gpu_layers=a.draft_gpu_layers, gpu=a.gpu
+    )
+
+
 def load_pair(
-    manifest: Manifest, name: str | None = None, *, load_draft: bool = True
+    manifest: Manifest,
+    name: str | None = None,
+    *,
+    load_draft: bool = True,
+    machine: Machine | None = None,
+    measure_peak: bool = False,
 ) -> LoadedPair:
-    """Validate from metadata (inspect_pair), then load the target, then the draft."""
+    """Check the files (inspect_pair), plan against `machine` (probed when None), then load the
+    target and, when the plan has room for it, the draft. `measure_peak` fills each context once
+    so the memory check sees the worst case (doctor --measure, bench)."""
     files = inspect_pair(manifest, name)
     name, pair = manifest.pair(files.name)
+    the_plan = plan(manifest, files, machine or probe())
+    a = the_plan.arrangement
+    if not the_plan.runnable:
+        raise OutOfMemoryError(
+            f"pair {name!r} {the_plan.reason}",
+            "see `homespec doctor --pair " + name + "`",
+        )
+    if the_plan.degraded:
+        LOG.warning("pair %s runs degraded: %s", name, the_plan.reason)
     threads = pair.threads or default_threads()
-    n_batch = min(N_BATCH, pair.n_ctx)
-    flash_attn = flash_attention(pair)
+    n_batch = min(N_BATCH, a.n_ctx)
+    flash_attn = flash_attention(pair, on_gpu=a.gpu is not None and a.target_gpu_layers > 0)
     models: list[LlamaModel] = []
     contexts: list[LlamaContext] = []
     load_ms: dict[str, float] = {}
-    try:
+    checks: list[MemoryCheck] = []
+
+    def load(role: str, path_gpu_layers: int, n_outputs: int) -> LlamaContext:
+        info = files.target if role == "target" else files.draft
+        assert info is not None
+        before = _used(a.gpu)
         t0 = time.perf_counter()
-        models.append(LlamaModel(files.target.path, gpu_layers=pair.gpu_layers))
-        target_ctx = LlamaContext(
-            models[0], n_ctx=pair.n_ctx, n_batch=n_batch, threads=threads, flash_attn=flash_attn
+        models.append(LlamaModel(info.path, gpu_layers=path_gpu_layers))
+        ctx = LlamaContext(
+            models[-1], n_ctx=a.n_ctx, n_batch=n_batch, threads=threads, flash_attn=flash_attn,
+            n_outputs_max=n_outputs,
+        )  # fmt: skip
+        contexts.append(ctx)
+        load_ms[role] = (time.perf_counter() - t0) * 1000.0
+        if measure_peak:
+            ctx.touch_peak()
+        after = _used(a.gpu)
+        fp = _footprint(files, a, role)
+        check = MemoryCheck(
+            role,
+            {d: fp.on(d) for d in fp.devices},
+            {d: after[d] - before.get(d, 0) for d in after},
+            measure_peak,
         )
-        contexts.append(target_ctx)
-        load_ms["target"] = (time.perf_counter() - t0) * 1000.0
+        checks.append(check)
+        LOG.info(
+            "%s %s: predicted %s, measured %s (%s)",
+            name,
+            role,
+            fmt_size(fp.on(RAM)),
+            fmt_size(check.measured[RAM]),
+            "peak" if measure_peak else "after load",
+        )
+        return ctx
+
+    try:
+        target_ctx = load("target", a.target_gpu_layers, a.n_outputs)
         drafter = None
-        reason = files.draft_skip_reason
-        if files.draft is not None and load_draft:
-            t0 = time.perf_counter()
-            models.append(LlamaModel(files.draft.path, gpu_layers=pair.draft_gpu_layers))
-            draft_ctx = LlamaContext(
-                models[1], n_ctx=pair.n_ctx, n_batch=n_batch, threads=threads, flash_attn=flash_attn
-            )
-            contexts.append(draft_ctx)
-            drafter = ModelDrafter(draft_ctx, p_min=pair.draft_p_min)
-            load_ms["draft"] = (time.perf_counter() - t0) * 1000.0
-        elif files.draft is not None:
-            reason = "draft model not loaded (load_draft=False)"
+        if files.draft is not None and a.draft_gpu_layers is not None and load_draft:
+            drafter = ModelDrafter(load("draft", a.draft_gpu_layers, 1), p_min=pair.draft_p_min)
     except BaseException:
         _close(contexts, models)
         raise
+    unavailable = files.draft_skip_reason
+    if files.draft is not None and drafter is None:
+        unavailable = (
+            f"memory: draft not loaded ({the_plan.shortfall})"
+            if load_draft
+            else "draft not loaded (load_draft=False)"
+        )
+    plain_only = files.plain_only_reason
+    if the_plan.mode == "plain" and the_plan.degraded:
+        plain_only = f"memory: plain decoding only ({the_plan.shortfall})"
     runtime = PairRuntime(
         name=name,
         spec=pair,
         target=target_ctx,
         draft=drafter,
         ngram=NgramDrafter(n_min=pair.ngram_min, n_max=pair.ngram_max),
-        draft_unavailable_reason=reason,
-        plain_only_reason=files.plain_only_reason,
+        draft_unavailable_reason=unavailable,
+        plain_only_reason=plain_only,
     )
     LOG.info("pair %s loaded in %s", name, {k: round(v) for k, v in load_ms.items()})
-    return LoadedPair(runtime, files, load_ms, models, contexts)
+    return LoadedPair(runtime, files, the_plan, load_ms, checks, models, contexts)

@@ -1,0 +1,254 @@
+"""`homespec doctor`: the machine, every pair's files, compatibility and memory plan, in one report.
+
+`collect()` builds the report as plain data (what `--json` prints); `render()` turns it into text.
+Nothing here loads a model unless asked to measure (`measure()`, `doctor --measure`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from gguf import LlamaFileType
+
+from homespec.errors import HomespecError
+from homespec.gguf_meta import GGUFInfo, compatibility_problems, read_gguf
+from homespec.manifest import NGRAM, NO_DRAFT, Manifest
+from homespec.pairs import inspect_pair, plan
+from homespec.planner import PairPlan
+from homespec.resources import Machine
+from homespec.sizes import fmt_size
+
+OK, DEGRADED, BROKEN = 0, 1, 2
+STATUS = {OK: "ok", DEGRADED: "degraded", BROKEN: "cannot run"}
+
+
+def quant_name(file_type: int | None) -> str:
+    if file_type is None:
+        return "?"
+    try:
+        return LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except ValueError:
+        return f"type {file_type}"
+
+
+def model_facts(info: GGUFInfo) -> dict[str, Any]:
+    return {
+        "path": str(info.path),
+        "architecture": info.architecture,
+        "name": info.name,
+        "params": info.n_params,
+        "quantization": quant_name(info.file_type),
+        "size": info.tensor_bytes,
+        "trained_context": info.context_length,
+        "layers": info.block_count,
+        "vocab": info.vocab_size,
+    }
+
+
+@dataclass
+class PairReport:
+    name: str
+    status: int = OK
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> facts or error
+    compatibility: list[str] = field(default_factory=list)
+    error: str = ""
+    plan: PairPlan | None = None
+    measured: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": STATUS[self.status],
+            "models": self.models,
+            "compatibility": self.compatibility,
+            "error": self.error,
+            "plan": self.plan.to_dict() if self.plan else None,
+            "measured": self.measured,
+        }
+
+
+def _check_models(manifest: Manifest, report: PairReport) -> None:
+    """Read each model's metadata on its own, so every bad file gets its own line."""
+    _, pair = manifest.pair(report.name)
+    infos: dict[str, GGUFInfo] = {}
+    roles = [("target", pair.target)]
+    if pair.draft not in (NGRAM, NO_DRAFT):
+        roles.append(("draft", pair.draft))
+    for role, model in roles:
+        try:
+            info = read_gguf(manifest.require_model_file(model, report.name))
+        except HomespecError as err:
+            report.models[role] = {"model": model, "error": str(err)}
+            continue
+        infos[role] = info
+        report.models[role] = {"model": model, **model_facts(info)}
+    if len(infos) == 2:
+        report.compatibility = compatibility_problems(infos["target"], infos["draft"])
+
+
+def check_pair(manifest: Manifest, name: str, machine: Machine) -> PairReport:
+    report = PairReport(name)
+    _check_models(manifest, report)
+    try:
+        files = inspect_pair(manifest, name)
+        report.plan = plan(manifest, files, machine)
+    except HomespecError as err:
+        report.status, report.error = BROKEN, str(err)
+        return report
+    if not report.plan.runnable:
+        report.status = BROKEN
+    elif report.plan.degraded:
+        report.status = DEGRADED
+    return report
+
+
+def machine_dict(m: Machine) -> dict[str, Any]:
+    return {
+        "backends": list(m.backends),
+        "gpu_offload": m.gpu_offload,
+        "gpus": [
+            {"device": g.device, "name": g.name, "total": g.total, "free": g.free} for g in m.gpus
+        ],
+        "ram": {
+            "total": m.ram.total,
+            "available": m.ram.available,
+            "cgroup_limit": m.ram.cgroup_limit,
+            "cgroup_used": m.ram.cgroup_used,
+        },
+        "budgets": dict(m.budgets),
+        "cpu_threads": m.cpu_threads,
+        "notes": list(m.notes),
+    }
+
+
+def exit_code(reports: list[PairReport]) -> int:
+    return max((r.status for r in reports), default=OK)
+
+
+# --- text ----------------------------------------------------------------------------------------
+
+
+def render_machine(m: Machine) -> list[str]:
+    ram = m.ram
+    lines = [
+        "machine",
+        f"  llama.cpp backends  {', '.join(m.backends)}"
+        + ("" if m.gpu_offload else " (no GPU offload in this build)"),
+        f"  RAM                 {fmt_size(ram.total)} total, {fmt_size(ram.available)} available",
+    ]
+    if ram.cgroup_limit is not None:
+        lines.append(
+            f"  cgroup limit        {fmt_size(ram.cgroup_limit)} "
+            f"({fmt_size(ram.cgroup_used or 0)} used by this cgroup)"
+        )
+    else:
+        lines.append("  cgroup limit        none")
+    for g in m.gpus:
+        lines.append(
+            f"  {g.device:<19} {g.name}: {fmt_size(g.total)} total, {fmt_size(g.free)} free"
+        )
+    if not m.gpus:
+        lines.append("  GPUs                none")
+    for device, budget in sorted(m.budgets.items()):
+        lines.append(f"  budget {device:<12} {fmt_size(budget)} (homespec plans no more there)")
+    lines.append(f"  CPU threads         {m.cpu_threads}")
+    lines += [f"  note: {n}" for n in m.notes]
+    return lines
+
+
+def _model_line(role: str, facts: dict[str, Any]) -> str:
+    if "error" in facts:
+        return f"  {role:<7} {facts['model']}: {facts['error']}"
+    return (
+        f"  {role:<7} {facts['model']}: {facts['architecture']}, "
+        f"{facts['params'] / 1e6:,.0f}M params, {facts['quantization']}, "
+        f"{fmt_size(facts['size'])}, trained context {facts['trained_context']:,}"
+    )
+
+
+def render_plan_table(p: PairPlan) -> list[str]:
+    cols = ("target_weights", "target_kv", "draft_weights", "draft_kv", "compute", "margin")
+    head = ["device", "tgt weights", "tgt KV", "draft wts", "draft KV", "compute", "margin"]
+    head += ["need", "usable", ""]
+    rows = [head]
+    for d in p.devices:
+        dd = d.to_dict()
+        rows.append(
+            [
+                d.device,
+                *(fmt_size(dd[c]) if dd[c] else "—" for c in cols),
+                fmt_size(d.need),
+                fmt_size(d.free),
+                "fits" if d.fits else "SHORT",
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = []
+    for r in rows:
+        pairs = enumerate(zip(r, widths, strict=True))
+        cells = [c.rjust(w) if i else c.ljust(w) for i, (c, w) in pairs]
+        lines.append(("    " + "  ".join(cells)).rstrip())
+    return lines
+
+
+def render_pair(r: PairReport) -> list[str]:
+    lines = [f"pair {r.name}: {STATUS[r.status]}"]
+    lines += [_model_line(role, facts) for role, facts in r.models.items()]
+    if "draft" in r.models:
+        lines.append(
+            "  pair    compatible (llama.cpp's draft rules)"
+            if not r.compatibility and "error" not in r.models["draft"]
+            else "  pair    " + "; ".join(r.compatibility or ["not checked (a file is bad)"])
+        )
+    if r.error:
+        lines.append(f"  error   {r.error}")
+    if r.plan is not None:
+        a = r.plan.arrangement
+        lines.append(f"  memory  (context {a.n_ctx} tokens)")
+        lines += render_plan_table(r.plan)
+        lines.append(f"  plan    {a.rung} → {a.mode}: {r.plan.reason}")
+        lines += [f"  note    {n}" for n in r.plan.notes]
+    if r.measured:
+        lines.append("  measured (peak, after filling the context once)")
+        lines += ["    " + line for line in render_memory(r.measured).splitlines()]
+    return lines
+
+
+def render_memory(rows: list[dict[str, Any]]) -> str:
+    """A small table: each loaded model's predicted and measured peak memory per device."""
+    lines = ["model   device   predicted    measured   error"]
+    for r in rows:
+        lines.append(
+            f"{r['role']:<7} {r['device']:<6} {fmt_size(r['predicted']):>11} "
+            f"{fmt_size(r['measured']):>11} {r['error']:>+7.1%}"
+        )
+    return "\n".join(lines)
+
+
+def render(machine: Machine, reports: list[PairReport]) -> str:
+    lines = render_machine(machine)
+    for r in reports:
+        lines += ["", *render_pair(r)]
+    code = exit_code(reports)
+    lines += ["", f"doctor: {STATUS[code]}" + ("" if code == OK else f" (exit {code})")]
+    return "\n".join(lines)
+
+
+def measure(manifest: Manifest, report: PairReport) -> None:
+    """Load the pair per its plan in a fresh process, fill each context once, and record
+    predicted vs measured memory. A fresh process because an allocator keeps freed memory: a
+    second load in the same process reuses it and would measure too little."""
+    if report.plan is None or not report.plan.runnable:
+        return
+    cmd = [sys.executable, "-m", "homespec.memcheck", str(manifest.path), report.name]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        report.error = f"measuring failed (exit {done.returncode}): {tail}"
+        report.status = BROKEN
+        return
+    report.measured = json.loads(done.stdout)

@@ -1,0 +1,43 @@
+"""`python -m homespec.memcheck MANIFEST PAIR`: load a pair, fill its contexts, print predicted vs
+measured memory as JSON. Run by `homespec doctor --measure` in a fresh process per pair."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from homespec.engine.loader import LoadedPair, load_pair
+from homespec.manifest import load_manifest
+from homespec.resources import RAM
+
+
+def memory_rows(loaded: LoadedPair) -> list[dict[str, Any]]:
+    """Predicted vs measured bytes per loaded model and device (after a peak measurement)."""
+    out: list[dict[str, Any]] = []
+    for check in loaded.memory:
+        for device, measured in check.measured.items():
+            predicted = check.predicted.get(device, 0)
+            if device != RAM and not predicted:
+                continue
+            out.append(
+                {
+                    "role": check.role,
+                    "device": device,
+                    "predicted": predicted,
+                    "measured": measured,
+                    "error": (predicted - measured) / measured if measured else 0.0,
+                }
+            )
+    return out
+
+
+def main(argv: list[str]) -> int:
+    manifest_path, pair = argv
+    with load_pair(load_manifest(manifest_path), pair, measure_peak=True) as loaded:
+        print(json.dumps(memory_rows(loaded)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

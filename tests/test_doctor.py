@@ -1,0 +1,155 @@
+"""`homespec doctor` and the fallback ladder on the real demo pair: plans, bad files, budgets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from homespec.manifest import Manifest
+
+from .conftest import SHIPPED_MANIFEST, write_tiny_gguf
+from .test_cli import ask_demo, assert_clean_error, invoke, manifest_with
+
+DEMO = ("--config", str(SHIPPED_MANIFEST), "--pair", "smollm2", "--pair", "smollm2-ngram")
+
+
+def test_doctor_prints_machine_models_table_and_plan(demo_manifest: Manifest) -> None:
+    code, out, _ = invoke("doctor", *DEMO)
+    assert code == 0, out
+    assert "llama.cpp backends  CPU" in out
+    assert "RAM " in out and "cgroup limit" in out
+    assert "smollm2-135m-f32: llama, 135M params, F32" in out
+    assert "compatible (llama.cpp's draft rules)" in out
+    assert "tgt weights" in out and "fits" in out
+    assert "plan    co-load → speculative: as declared: target and draft in RAM" in out
+    assert "plan    ngram → ngram: as declared" in out
+    assert out.rstrip().endswith("doctor: ok")
+
+
+def test_doctor_plan_json_is_the_loader_s_plan(demo_manifest: Manifest) -> None:
+    code, out, _ = invoke("doctor", *DEMO, "--plan", "--json")
+    assert code == 0
+    pairs = {p["name"]: p for p in json.loads(out)["pairs"]}
+    assert set(pairs) == {"smollm2", "smollm2-ngram"}
+    p = pairs["smollm2"]
+    assert (p["rung"], p["mode"], p["draft_loaded"], p["n_ctx"]) == (
+        "co-load", "speculative", True, 2048,
+    )  # fmt: skip
+    ram = p["devices"][0]
+    assert ram["device"] == "ram" and ram["fits"]
+    # The KV caches follow the metadata: 30 layers × 3 KV heads × 128 × 2 bytes × 2048 cells.
+    assert ram["target_kv"] == ram["draft_kv"] == 30 * 3 * 128 * 2 * 2048
+
+
+def test_budget_makes_the_pair_fall_back_and_say_why(
+    demo_manifest: Manifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOMESPEC_MEMORY_BUDGET", "ram=900MiB")
+    code, out, _ = invoke("doctor", *DEMO)
+    assert code == 1
+    assert "pair smollm2: degraded" in out
+    assert "ngram → ngram: target and draft in RAM does not fit (ram needs" in out
+    assert "900.0 MiB usable" in out
+    assert "budget ram" in out
+    # ask still answers, without the draft, and the stats say why.
+    code, out, err = ask_demo("Write a Python function that adds two numbers.", "--json",
+                              "--max-tokens", "40")  # fmt: skip
+    assert code == 0, err
+    payload = json.loads(out)
+    assert payload["text"]
+    stats = payload["stats"]
+    assert stats["plan"]["mode"] == "ngram"
+    assert stats["drafter"] in ("ngram", "none")
+    assert "memory: draft not loaded (ram needs" in stats["reason"]
+    assert "runs degraded" in err
+
+
+def test_tighter_budget_runs_plain_with_a_smaller_context(
+    demo_manifest: Manifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOMESPEC_MEMORY_BUDGET", "ram=700MiB")
+    code, out, err = ask_demo("Say hello.", "--json", "--max-tokens", "40", "--spec")
+    assert code == 0, err
+    stats = json.loads(out)["stats"]
+    assert stats["plan"]["rung"] == "smaller-context"
+    assert stats["plan"]["n_ctx"] < 2048
+    assert stats["mode"] == "plain"  # even a forced request: the verify buffer is not there
+    assert stats["reason"].startswith("memory: plain decoding only (ram needs")
+
+
+def test_budget_too_small_refuses_saying_how_much_is_missing(
+    demo_manifest: Manifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOMESPEC_MEMORY_BUDGET", "ram=300MiB")
+    code, out, _ = invoke("doctor", *DEMO, "--plan")
+    assert code == 2
+    assert "smollm2: cannot run: does not fit even as target in RAM" in out
+    assert "MiB missing" in out
+    code, out, err = ask_demo("Say hello.")
+    assert code == 2
+    assert_clean_error(code, out, err, "MiB missing", "homespec doctor --pair smollm2")
+
+
+def test_bad_budget_is_a_clean_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOMESPEC_MEMORY_BUDGET", "ram=lots")
+    code, out, err = invoke("doctor", *DEMO)
+    assert_clean_error(code, out, err, "$HOMESPEC_MEMORY_BUDGET: ram: 'lots' is not a size")
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "not found"),
+        (b"", "file is empty"),
+        (b"GGUF\x03\x00\x00\x00\x05", "truncated or corrupt GGUF"),
+        (os.urandom(4096), "not a GGUF file"),
+        (b"# this is a README, not a model\n" * 10, "not a GGUF file (starts with b'# th'"),
+    ],
+    ids=["missing", "empty", "truncated", "random-bytes", "text-file"],
+)
+def test_doctor_names_each_bad_file(
+    tmp_path: Path, draft_path: Path, content: bytes | None, needle: str
+) -> None:
+    bad = tmp_path / "bad.gguf"
+    if content is not None:
+        bad.write_bytes(content)
+    config = manifest_with(tmp_path, bad, draft_path)
+    code, out, _ = invoke("doctor", "--config", str(config))
+    assert code == 2
+    assert "pair p: cannot run" in out
+    target_line = next(line for line in out.splitlines() if line.startswith("  target  t: "))
+    assert str(bad) in target_line and needle in target_line
+    assert "draft   d: llama, 135M params, Q4_1" in out  # the good file is still described
+    assert "Traceback" not in out
+
+
+def test_doctor_names_the_failing_compatibility_rule(tmp_path: Path, target_path: Path) -> None:
+    other = write_tiny_gguf(tmp_path / "other.gguf", vocab_type="llama")
+    code, out, _ = invoke("doctor", "--config", str(manifest_with(tmp_path, target_path, other)))
+    assert code == 2
+    assert "vocab types differ: target 'gpt2', draft 'llama'" in out
+
+
+def test_doctor_unknown_pair_is_a_clean_error() -> None:
+    code, out, err = invoke("doctor", "--config", str(SHIPPED_MANIFEST), "--pair", "nope")
+    assert_clean_error(code, out, err, "no pair named 'nope'", "known pairs:")
+
+
+def test_prediction_within_15_percent_of_measured_memory(demo_manifest: Manifest) -> None:
+    """Load the demo pair in a fresh process, fill both contexts, compare RSS with the plan."""
+    done = subprocess.run(
+        [sys.executable, "-m", "homespec.memcheck", str(SHIPPED_MANIFEST), "smollm2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = {r["role"]: r for r in json.loads(done.stdout) if r["device"] == "ram"}
+    assert set(rows) == {"target", "draft"}
+    for role, r in rows.items():
+        assert r["measured"] > 50 * 2**20, role  # the load really happened in that process
+        assert abs(r["error"]) <= 0.15, (role, r)
