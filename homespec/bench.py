@@ -15,6 +15,7 @@ from typing import Any
 
 from homespec.engine.generate import PairRuntime, generate
 from homespec.engine.types import GenerationRequest, GenerationStats
+from homespec.errors import ConfigError
 from homespec.workload import WorkItem
 
 PLAIN = "plain"
@@ -76,14 +77,25 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "—" if value is None else format(value, spec) + suffix
 
 
-def available_modes(rt: PairRuntime) -> list[str]:
-    modes = [PLAIN]
-    if rt.draft is not None:
-        modes.append("model")
-    modes.append("ngram")
-    if rt.draft is not None:
-        modes.append("hybrid")
-    return modes
+def available_modes(has_draft: bool) -> list[str]:
+    return [PLAIN, "model", "ngram", "hybrid"] if has_draft else [PLAIN, "ngram"]
+
+
+def choose_modes(requested: str | None, *, has_draft: bool, pair: str) -> list[str]:
+    """The modes to run from a --modes value ("plain,ngram"); plain always included first."""
+    if not requested:
+        return available_modes(has_draft)
+    chosen = [m.strip() for m in requested.split(",") if m.strip()]
+    allowed = [*available_modes(has_draft), "auto"]
+    bad = [m for m in chosen if m not in allowed]
+    if bad:
+        raise ConfigError(
+            f"--modes: {', '.join(bad)} not available for pair {pair!r}",
+            f"choose from {', '.join(allowed)}",
+        )
+    if PLAIN not in chosen:
+        chosen.insert(0, PLAIN)  # every speedup needs its baseline from this run
+    return chosen
 
 
 def _request(

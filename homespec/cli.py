@@ -251,7 +251,7 @@ def bench(
     step, speedup vs plain (ratio of medians from this run, with the per-prompt min–max) and
     the share of answers identical to plain decoding's.
     """
-    from homespec.bench import MODES, available_modes, render_table, run_bench, summarize
+    from homespec.bench import choose_modes, render_table, run_bench, summarize
     from homespec.doctor import render_memory
     from homespec.engine.loader import load_pair
     from homespec.errors import ConfigError
@@ -265,25 +265,16 @@ def bench(
         items = [i for i in items if i.task in tasks]
         if not items:
             raise ConfigError(f"no workload items for task(s) {', '.join(tasks)}", "check --task")
+    _, pair_spec = manifest.pair(pair)
+    has_draft = pair_spec.draft not in ("ngram", "none")
+    chosen = choose_modes(modes, has_draft=has_draft, pair=manifest.pair(pair)[0])
     _err("bench: loading the pair and filling its contexts once (to measure memory)…")
     with load_pair(manifest, pair, measure_peak=True) as loaded:
         rt = loaded.runtime
         memory = memory_rows(loaded)
-        chosen = available_modes(rt)
-        if modes:
-            chosen = [m.strip() for m in modes.split(",") if m.strip()]
-            bad = [
-                m
-                for m in chosen
-                if m not in MODES or (m in ("model", "hybrid") and rt.draft is None)
-            ]
-            if bad:
-                raise ConfigError(
-                    f"--modes: {', '.join(bad)} not available for pair {rt.name!r}",
-                    f"choose from {', '.join([*available_modes(rt), 'auto'])}",
-                )
-            if "plain" not in chosen:
-                chosen.insert(0, "plain")  # every speedup needs its baseline from this run
+        if has_draft and rt.draft is None:
+            chosen = [m for m in chosen if m not in ("model", "hybrid")]
+            _err(f"bench: no draft model modes: {rt.draft_unavailable_reason}")
         _err(
             f"bench: pair {rt.name}, {len(items)} prompts × {repeat} × modes {', '.join(chosen)} "
             f"(temperature {temperature:g})"
