@@ -9,62 +9,23 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from homespec import __version__
-from homespec.errors import HomespecError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _Group(click.Group):
-    """Turns a HomespecError into `Error: <what> — <what to do>` and its exit code (no traceback).
-
-    Any other exception is a bug and keeps its traceback.
-    """
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except HomespecError as err:
-            click.echo(f"Error: {err}", err=True)
-            ctx.exit(err.exit_code)
+from homespec.cli_common import (
+    Group,
+    StderrHandler,
+    config_option,
+    err,
+    pair_option,
+)
+from homespec.cli_daemon import report, serve, status
 
 
-class _StderrHandler(logging.Handler):
-    """Log records to whatever sys.stderr is at the time (warnings such as "pair runs
-    degraded" are part of the CLI's output, so they follow stderr redirection)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            click.echo(self.format(record), err=True)
-        except Exception:
-            self.handleError(record)
-
-
-def config_option(f: F) -> F:
-    return click.option(
-        "--config",
-        "config",
-        type=click.Path(dir_okay=False, path_type=Path),
-        envvar="HOMESPEC_CONFIG",
-        help="The pairing manifest (default: ./models.toml, then ~/.config/homespec/models.toml).",
-    )(f)
-
-
-def pair_option(f: F) -> F:
-    return click.option("--pair", help="Pair name from models.toml (default: default_pair).")(f)
-
-
-def _err(msg: str) -> None:
-    click.echo(msg, err=True)
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="homespec")
 @click.option("-v", "--verbose", is_flag=True, help="Log what homespec and llama.cpp do.")
 def cli(verbose: bool) -> None:
@@ -74,7 +35,7 @@ def cli(verbose: bool) -> None:
     proposes tokens, the target verifies them in one pass and keeps the agreeing prefix, so the
     answer is the target's own. Every answer reports how much speculation helped.
     """
-    handler = _StderrHandler()
+    handler = StderrHandler()
     handler.setFormatter(
         logging.Formatter(
             "%(asctime)s %(name)s %(levelname)s %(message)s" if verbose else "homespec: %(message)s"
@@ -85,7 +46,7 @@ def cli(verbose: bool) -> None:
     )
 
 
-def _stats_line(stats: dict[str, Any]) -> str:
+def stats_line(stats: dict[str, Any]) -> str:
     parts = []
     if stats["proposed_tokens"]:
         parts.append(
@@ -131,7 +92,11 @@ def _stats_line(stats: dict[str, Any]) -> str:
 @click.option("--system", "system_prompt", help="A system message before the prompt.")
 @click.option("--raw", is_flag=True, help="Send PROMPT as is, without the chat template.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"text": ..., "stats": {...}}.')
-@click.option("--explain", is_flag=True, help="Mark text that came from accepted drafts.")
+@click.option(
+    "--explain", is_flag=True, help="Mark text that came from accepted drafts (in-process)."
+)
+@click.option("--local", is_flag=True, help="Answer in-process even when a daemon is running.")
+@click.option("--url", envvar="HOMESPEC_URL", help="The daemon to try first (default: :8080).")
 def ask(
     prompt: str,
     config: Path | None,
@@ -150,11 +115,16 @@ def ask(
     raw: bool,
     as_json: bool,
     explain: bool,
+    local: bool,
+    url: str | None,
 ) -> None:
-    """Answer PROMPT with a pair (in-process) and report the speculation stats.
+    """Answer PROMPT with a pair and report the speculation stats.
 
-    The answer streams to stdout; one stats line goes to stderr. PROMPT "-" reads stdin.
+    Uses the daemon when one answers at --url (HOMESPEC_URL, default http://127.0.0.1:8080)
+    and serves the pair; else loads the pair in-process. The stats line says which. The answer
+    streams to stdout; one stats line goes to stderr. PROMPT "-" reads stdin.
     """
+    from homespec.cli_daemon import ask_via_daemon
     from homespec.engine.generate import generate
     from homespec.engine.loader import load_pair
     from homespec.engine.types import GenerationRequest, GenerationStats, Message
@@ -181,6 +151,8 @@ def ask(
         drafter=drafter,  # type: ignore[arg-type]
         draft_tokens=draft_tokens,
     )
+    if not local and not explain and ask_via_daemon(url, req, pair, as_json=as_json):
+        return
     manifest = load_manifest(config)
     color = sys.stdout.isatty()
     in_draft = False  # --explain without a terminal: [brackets] around accepted-draft spans
@@ -209,11 +181,12 @@ def ask(
         result["pair"] = loaded.runtime.name
         result["plan"] = {k: loaded.plan.to_dict()[k] for k in ("rung", "mode", "reason", "n_ctx")}
         if as_json:
-            click.echo(json.dumps({"text": "".join(parts), "stats": result}, ensure_ascii=False))
+            payload = {"text": "".join(parts), "stats": result, "via": "in-process"}
+            click.echo(json.dumps(payload, ensure_ascii=False))
         else:
             click.echo()
             sys.stdout.flush()
-            _err(_stats_line(result))
+            err(stats_line(result) + " · in-process")
 
 
 @cli.command()
@@ -268,14 +241,14 @@ def bench(
     _, pair_spec = manifest.pair(pair)
     has_draft = pair_spec.draft not in ("ngram", "none")
     chosen = choose_modes(modes, has_draft=has_draft, pair=manifest.pair(pair)[0])
-    _err("bench: loading the pair and filling its contexts once (to measure memory)…")
+    err("bench: loading the pair and filling its contexts once (to measure memory)…")
     with load_pair(manifest, pair, measure_peak=True) as loaded:
         rt = loaded.runtime
         memory = memory_rows(loaded)
         if has_draft and rt.draft is None:
             chosen = [m for m in chosen if m not in ("model", "hybrid")]
-            _err(f"bench: no draft model modes: {rt.draft_unavailable_reason}")
-        _err(
+            err(f"bench: no draft model modes: {rt.draft_unavailable_reason}")
+        err(
             f"bench: pair {rt.name}, {len(items)} prompts × {repeat} × modes {', '.join(chosen)} "
             f"(temperature {temperature:g})"
         )
@@ -286,7 +259,7 @@ def bench(
             repeat=repeat,
             temperature=temperature,
             max_tokens=max_tokens,
-            progress=_err,
+            progress=err,
         )
     rows = summarize(runs, temperature=temperature)
     if as_json:
@@ -345,7 +318,7 @@ def doctor(
     if measure:
         for r in reports:
             if r.plan is not None and r.plan.runnable:
-                _err(f"doctor: measuring pair {r.name} (loads it and fills its context)…")
+                err(f"doctor: measuring pair {r.name} (loads it and fills its context)…")
                 doc.measure(manifest, r)
     code = doc.exit_code(reports)
     if plan_only and as_json:
@@ -386,11 +359,11 @@ def setup(config: Path | None, pairs: tuple[str, ...], all_pairs: bool) -> None:
 
     manifest = load_manifest(config)
     names = sorted(manifest.spec.pairs) if all_pairs else list(pairs) or [manifest.default_pair]
-    paths = setup_pairs(manifest, names, report=lambda m: _err(f"setup: {m}"))
-    _err(f"setup: ready — {len(paths)} model file(s) for pair(s) {', '.join(names)}")
+    paths = setup_pairs(manifest, names, report=lambda m: err(f"setup: {m}"))
+    err(f"setup: ready — {len(paths)} model file(s) for pair(s) {', '.join(names)}")
 
 
-@cli.group(cls=_Group)
+@cli.group(cls=Group)
 def models() -> None:
     """Model file tools."""
 
@@ -407,7 +380,11 @@ def derive_cmd(src: Path, dst: Path, file_type: str, force: bool) -> None:
     """
     from homespec.setup_models import derive
 
-    derive(src, dst, file_type, report=_err, force=force)
+    derive(src, dst, file_type, report=err, force=force)
+
+
+for _command in (serve, status, report):
+    cli.add_command(_command)
 
 
 def main() -> None:

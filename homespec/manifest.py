@@ -175,11 +175,31 @@ class MemorySpec(_Strict):
         return self
 
 
+class ServerSpec(_Strict):
+    """`[server]`: how `homespec serve` answers."""
+
+    pairs: list[Name] = Field(
+        default_factory=list, description="pairs to load at start (default: default_pair)"
+    )
+    unknown_model: Literal["default_pair", "error"] = Field(
+        "default_pair",
+        description='a request naming no pair (e.g. "gpt-3.5-turbo"): served by the default '
+        'pair, saying so, or "error": 404 listing the pairs',
+    )
+    max_queue: int = Field(8, ge=1, le=1024, description="requests waiting or running per pair")
+    max_tokens_limit: int = Field(4096, ge=1, description="largest max_tokens a request may ask")
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body")
+    shutdown_timeout_s: float = Field(
+        30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish"
+    )
+
+
 class ManifestSpec(_Strict):
     default_pair: Name | None = None
     models: dict[Name, ModelSpec] = Field(default_factory=dict)
     pairs: dict[Name, PairSpec]
     memory: MemorySpec = Field(default_factory=lambda: MemorySpec())
+    server: ServerSpec = Field(default_factory=lambda: ServerSpec())
 
     @model_validator(mode="after")
     def _references(self) -> ManifestSpec:
@@ -197,6 +217,9 @@ class ManifestSpec(_Strict):
                 problems.append(f"models.{name}.derive.from: no model named {model.derive.from_!r}")
         if self.default_pair is not None and self.default_pair not in self.pairs:
             problems.append(f"default_pair: no pair named {self.default_pair!r}")
+        for name in self.server.pairs:
+            if name not in self.pairs:
+                problems.append(f"server.pairs: no pair named {name!r}")
         if problems:
             raise ValueError("; ".join(problems))
         return self

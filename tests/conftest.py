@@ -21,6 +21,10 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOMESPEC_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HOMESPEC_CONFIG", raising=False)
     monkeypatch.delenv("HOMESPEC_MEMORY_BUDGET", raising=False)
+    monkeypatch.delenv("HOMESPEC_API_KEY", raising=False)
+    monkeypatch.setenv("HOMESPEC_STATE_DIR", str(tmp_path / "state"))
+    # `ask` tries a daemon first: point it where none listens (port 9 is "discard").
+    monkeypatch.setenv("HOMESPEC_URL", "http://127.0.0.1:9")
 
 
 @pytest.fixture(scope="session")

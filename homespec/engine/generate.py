@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,7 +96,9 @@ def prompt_tokens(rt: PairRuntime, req: GenerationRequest) -> tuple[list[int], s
     return tokens, how
 
 
-def generate(rt: PairRuntime, req: GenerationRequest) -> Iterator[Chunk | GenerationStats]:
+def generate(
+    rt: PairRuntime, req: GenerationRequest
+) -> Generator[Chunk | GenerationStats, None, None]:
     """Stream Chunks as tokens are committed; the last item is the request's GenerationStats."""
     t_start = time.perf_counter()
     decision = decide(

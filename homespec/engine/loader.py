@@ -77,19 +77,37 @@ def _close(contexts: list[LlamaContext], models: list[LlamaModel]) -> None:
 
 
 @dataclass
+class Held:
+    """What a pair holds in llama.cpp, in load order, plus how long and how much each took."""
+
+    models: list[LlamaModel] = field(default_factory=list)
+    contexts: list[LlamaContext] = field(default_factory=list)
+    load_ms: dict[str, float] = field(default_factory=dict)
+    memory: list[MemoryCheck] = field(default_factory=list)
+
+    def close(self) -> None:
+        _close(self.contexts, self.models)
+
+
+@dataclass
 class LoadedPair:
     """A loaded pair; close() (or `with`) frees the contexts, then the models."""
 
     runtime: PairRuntime
     files: PairFiles
     plan: PairPlan
-    load_ms: dict[str, float]
-    memory: list[MemoryCheck] = field(default_factory=list)
-    models: list[LlamaModel] = field(default_factory=list)
-    contexts: list[LlamaContext] = field(default_factory=list)
+    held: Held
+
+    @property
+    def load_ms(self) -> dict[str, float]:
+        return self.held.load_ms
+
+    @property
+    def memory(self) -> list[MemoryCheck]:
+        return self.held.memory
 
     def close(self) -> None:
-        _close(self.contexts, self.models)
+        self.held.close()
 
     def __enter__(self) -> LoadedPair:
         return self
@@ -117,6 +135,55 @@ def _footprint(files: PairFiles, a: Arrangement, role: str) -> Footprint:
     )
 
 
+def _load_model(
+    files: PairFiles, the_plan: PairPlan, pair: PairSpec, held: Held, role: str, measure_peak: bool
+) -> LlamaContext:
+    """Load one model of the pair and its context per the plan; record time and memory."""
+    a = the_plan.arrangement
+    info = files.target if role == "target" else files.draft
+    assert info is not None
+    gpu_layers = a.target_gpu_layers if role == "target" else a.draft_gpu_layers
+    assert gpu_layers is not None
+    before = _used(a.gpu)
+    t0 = time.perf_counter()
+    model = LlamaModel(info.path, gpu_layers=gpu_layers)
+    held.models.append(model)
+    ctx = LlamaContext(
+        model,
+        n_ctx=a.n_ctx,
+        n_batch=min(N_BATCH, a.n_ctx),
+        threads=pair.threads or default_threads(),
+        flash_attn=flash_attention(pair, on_gpu=a.gpu is not None and a.target_gpu_layers > 0),
+        n_outputs_max=a.n_outputs if role == "target" else 1,
+    )
+    held.contexts.append(ctx)
+    held.load_ms[role] = (time.perf_counter() - t0) * 1000.0
+    if measure_peak:
+        ctx.touch_peak()
+    after = _used(a.gpu)
+    fp = _footprint(files, a, role)
+    check = MemoryCheck(
+        role,
+        {d: fp.on(d) for d in fp.devices},
+        {d: after[d] - before.get(d, 0) for d in after},
+        measure_peak,
+    )
+    held.memory.append(check)
+    LOG.info(
+        "%s %s loaded in %.0f ms: memory predicted %s, measured %s (%s)",
+        files.name,
+        role,
+        held.load_ms[role],
+        fmt_size(fp.on(RAM)),
+        fmt_size(check.measured[RAM]),
+        "peak" if measure_peak else "after load; compute buffers not touched yet",
+    )
+    return ctx
+
+
+DRAFT_LOADING = "draft model still loading"
+
+
 def load_pair(
     manifest: Manifest,
     name: str | None = None,
@@ -126,86 +193,61 @@ def load_pair(
     measure_peak: bool = False,
 ) -> LoadedPair:
     """Check the files (inspect_pair), plan against `machine` (probed when None), then load the
-    target and, when the plan has room for it, the draft. `measure_peak` fills each context once
-    so the memory check sees the worst case (doctor --measure, bench)."""
+    target and, when the plan has room for it and `load_draft`, the draft (else attach_draft()
+    loads it later: the daemon serves plain decoding meanwhile). `measure_peak` fills each
+    context once so the memory check sees the worst case (doctor --measure, bench)."""
     files = inspect_pair(manifest, name)
     name, pair = manifest.pair(files.name)
     the_plan = plan(manifest, files, machine or probe())
-    a = the_plan.arrangement
     if not the_plan.runnable:
         raise OutOfMemoryError(
-            f"pair {name!r} {the_plan.reason}",
-            "see `homespec doctor --pair " + name + "`",
+            f"pair {name!r} {the_plan.reason}", f"see `homespec doctor --pair {name}`"
         )
     if the_plan.degraded:
         LOG.warning("pair %s runs degraded: %s", name, the_plan.reason)
-    threads = pair.threads or default_threads()
-    n_batch = min(N_BATCH, a.n_ctx)
-    flash_attn = flash_attention(pair, on_gpu=a.gpu is not None and a.target_gpu_layers > 0)
-    models: list[LlamaModel] = []
-    contexts: list[LlamaContext] = []
-    load_ms: dict[str, float] = {}
-    checks: list[MemoryCheck] = []
-
-    def load(role: str, path_gpu_layers: int, n_outputs: int) -> LlamaContext:
-        info = files.target if role == "target" else files.draft
-        assert info is not None
-        before = _used(a.gpu)
-        t0 = time.perf_counter()
-        models.append(LlamaModel(info.path, gpu_layers=path_gpu_layers))
-        ctx = LlamaContext(
-            models[-1], n_ctx=a.n_ctx, n_batch=n_batch, threads=threads, flash_attn=flash_attn,
-            n_outputs_max=n_outputs,
-        )  # fmt: skip
-        contexts.append(ctx)
-        load_ms[role] = (time.perf_counter() - t0) * 1000.0
-        if measure_peak:
-            ctx.touch_peak()
-        after = _used(a.gpu)
-        fp = _footprint(files, a, role)
-        check = MemoryCheck(
-            role,
-            {d: fp.on(d) for d in fp.devices},
-            {d: after[d] - before.get(d, 0) for d in after},
-            measure_peak,
-        )
-        checks.append(check)
-        LOG.info(
-            "%s %s: predicted %s, measured %s (%s)",
-            name,
-            role,
-            fmt_size(fp.on(RAM)),
-            fmt_size(check.measured[RAM]),
-            "peak" if measure_peak else "after load",
-        )
-        return ctx
-
-    try:
-        target_ctx = load("target", a.target_gpu_layers, a.n_outputs)
-        drafter = None
-        if files.draft is not None and a.draft_gpu_layers is not None and load_draft:
-            drafter = ModelDrafter(load("draft", a.draft_gpu_layers, 1), p_min=pair.draft_p_min)
-    except BaseException:
-        _close(contexts, models)
-        raise
     unavailable = files.draft_skip_reason
-    if files.draft is not None and drafter is None:
-        unavailable = (
-            f"memory: draft not loaded ({the_plan.shortfall})"
-            if load_draft
-            else "draft not loaded (load_draft=False)"
-        )
+    if files.draft is not None and the_plan.arrangement.draft_gpu_layers is None:
+        unavailable = f"memory: draft not loaded ({the_plan.shortfall})"
+    elif files.draft is not None:
+        unavailable = DRAFT_LOADING
     plain_only = files.plain_only_reason
     if the_plan.mode == "plain" and the_plan.degraded:
         plain_only = f"memory: plain decoding only ({the_plan.shortfall})"
-    runtime = PairRuntime(
-        name=name,
-        spec=pair,
-        target=target_ctx,
-        draft=drafter,
-        ngram=NgramDrafter(n_min=pair.ngram_min, n_max=pair.ngram_max),
-        draft_unavailable_reason=unavailable,
-        plain_only_reason=plain_only,
-    )
-    LOG.info("pair %s loaded in %s", name, {k: round(v) for k, v in load_ms.items()})
-    return LoadedPair(runtime, files, the_plan, load_ms, checks, models, contexts)
+    held = Held()
+    try:
+        target_ctx = _load_model(files, the_plan, pair, held, "target", measure_peak)
+        runtime = PairRuntime(
+            name=name,
+            spec=pair,
+            target=target_ctx,
+            draft=None,
+            ngram=NgramDrafter(n_min=pair.ngram_min, n_max=pair.ngram_max),
+            draft_unavailable_reason=unavailable,
+            plain_only_reason=plain_only,
+        )
+        loaded = LoadedPair(runtime, files, the_plan, held)
+        if load_draft:
+            attach_draft(loaded, measure_peak=measure_peak)
+    except BaseException:
+        held.close()
+        raise
+    return loaded
+
+
+def attach_draft(loaded: LoadedPair, *, measure_peak: bool = False) -> bool:
+    """Load the draft the plan has room for and hand it to the runtime; False when the plan
+    (or the pair) has no draft. Call it between requests: the runtime must be idle."""
+    rt = loaded.runtime
+    if loaded.files.draft is None or loaded.plan.arrangement.draft_gpu_layers is None:
+        return False
+    if rt.draft is not None:
+        return True
+    try:
+        ctx = _load_model(loaded.files, loaded.plan, rt.spec, loaded.held, "draft", measure_peak)
+    except Exception as exc:
+        rt.draft_unavailable_reason = f"draft failed to load: {exc}"
+        raise
+    rt.draft = ModelDrafter(ctx, p_min=rt.spec.draft_p_min)
+    rt.draft_unavailable_reason = ""
+    LOG.info("pair %s: draft attached, speculation available", rt.name)
+    return True

@@ -1,0 +1,5 @@
+"""`python -m homespec ...` is the `homespec` command."""
+
+from homespec.cli import main
+
+main()

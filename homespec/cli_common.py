@@ -1,0 +1,57 @@
+"""What every CLI module shares: the error-printing group, logging to stderr, common options."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from homespec.errors import HomespecError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Group(click.Group):
+    """Turns a HomespecError into `Error: <what> — <what to do>` and its exit code (no traceback).
+
+    Any other exception is a bug and keeps its traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except HomespecError as err:
+            click.echo(f"Error: {err}", err=True)
+            ctx.exit(err.exit_code)
+
+
+class StderrHandler(logging.Handler):
+    """Log records to whatever sys.stderr is at the time (warnings such as "pair runs
+    degraded" are part of the CLI's output, so they follow stderr redirection)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(self.format(record), err=True)
+        except Exception:
+            self.handleError(record)
+
+
+def config_option(f: F) -> F:
+    return click.option(
+        "--config",
+        "config",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar="HOMESPEC_CONFIG",
+        help="The pairing manifest (default: ./models.toml, then ~/.config/homespec/models.toml).",
+    )(f)
+
+
+def pair_option(f: F) -> F:
+    return click.option("--pair", help="Pair name from models.toml (default: default_pair).")(f)
+
+
+def err(msg: str) -> None:
+    click.echo(msg, err=True)

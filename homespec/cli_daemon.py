@@ -1,0 +1,209 @@
+"""Daemon commands: `serve` runs it, `status` asks it, `report` reads its request log."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from homespec.cli_common import config_option, err
+from homespec.engine.types import GenerationRequest
+from homespec.errors import ConfigError
+from homespec.sizes import fmt_size
+
+
+@click.command()
+@config_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option(
+    "--pair", "pairs", multiple=True, help="Pair to serve (repeatable; default: server.pairs, "
+    "else default_pair).",
+)  # fmt: skip
+@click.option(
+    "--state-dir",
+    envvar="HOMESPEC_STATE_DIR",
+    help="Where requests.jsonl goes (default: $XDG_STATE_HOME/homespec).",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="File holding the API key (else $HOMESPEC_API_KEY). Required off loopback.",
+)
+def serve(
+    config: Path | None,
+    host: str,
+    port: int,
+    pairs: tuple[str, ...],
+    state_dir: str | None,
+    api_key_file: Path | None,
+) -> None:
+    """Run the daemon: an OpenAI-compatible API over the pair(s), with per-request stats.
+
+    The target loads first and serves plain decoding as soon as it is ready; the draft loads
+    after and the pair turns speculative when it is attached (/health shows both). Endpoints:
+    POST /v1/chat/completions and /v1/completions (stream or not; extras "speculative",
+    "task", "draft_tokens"; stats in a "homespec" object), GET /v1/models, /health, /metrics,
+    /homespec/status. Every request is a line in requests.jsonl. Under systemd (Type=notify)
+    it reports READY=1 once the target serves; SIGTERM drains in-flight requests, then unloads.
+    """
+    from homespec.daemon.serve import build, run
+    from homespec.manifest import load_manifest
+
+    if not logging.getLogger().isEnabledFor(logging.INFO):  # a service logs what it does
+        logging.getLogger("homespec").setLevel(logging.INFO)
+
+    manifest = load_manifest(config)
+    daemon_config, _ = build(
+        manifest, host=host, pairs=list(pairs), state=state_dir, key_file=api_key_file
+    )
+    err(f"homespec: serving {', '.join(daemon_config.pairs)} on http://{host}:{port}")
+    run(daemon_config, host=host, port=port)
+
+
+url_option = click.option(
+    "--url", envvar="HOMESPEC_URL", help="The daemon (default: http://127.0.0.1:8080)."
+)
+
+
+def _uptime(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _memory(p: dict[str, Any]) -> str:
+    planned = p.get("memory_planned") or {}
+    target = sum(d["target"] for d in planned.values())
+    draft = sum(d["draft"] for d in planned.values())
+    total = sum(d["total"] for d in planned.values())
+    if not total:
+        return "—"
+    devices = "+".join(planned)
+    return f"{fmt_size(total)} ({devices}; target {fmt_size(target)}, draft {fmt_size(draft)})"
+
+
+@click.command()
+@url_option
+@click.option("--json", "as_json", is_flag=True, help="Print the daemon's status object.")
+def status(url: str | None, as_json: bool) -> None:
+    """What the daemon runs now: each pair's mode and why, memory including the draft,
+    rolling accept rate, queue and uptime (like `ollama ps`)."""
+    from homespec.client import DaemonClient
+
+    st = DaemonClient(url).get("/homespec/status")
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
+        return
+    click.echo(f"homespec {st['version']} · {st['status']} · up {_uptime(st['uptime_s'])}")
+    click.echo(f"{'PAIR':<14} {'MODE':<12} {'ACCEPT':>7} {'QUEUE':>6} {'REQS':>5}  MEMORY")
+    for p in st["pairs"]:
+        rate = p["rolling_accept_rate"]
+        accept = "—" if rate is None else f"{rate:.0%}"
+        queue = f"{p['queue_depth']}/{p['max_queue']}"
+        click.echo(
+            f"{p['name']:<14} {p['mode']:<12} {accept:>7} {queue:>6} {p['requests']:>5}  "
+            f"{_memory(p)}"
+        )
+        click.echo(f"{'':<14} why: {p['reason']}")
+
+
+@click.command()
+@click.option(
+    "--state-dir", envvar="HOMESPEC_STATE_DIR", help="Where the daemon writes requests.jsonl."
+)
+@click.option("--since", default="1h", show_default=True, help="Window: 15m, 1h, 2d, or all.")
+@click.option("--by", type=click.Choice(["pair", "task"]), default="pair", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def report(state_dir: str | None, since: str, by: str, as_json: bool) -> None:
+    """Per-request stats from the daemon's request log: requests, p50/p95 ttft and e2e, tok/s,
+    accept rate and speculative share, with a warning when a pair's acceptance dropped
+    against its own history."""
+    from homespec import reqlog
+    from homespec.paths import state_dir as resolve_state_dir
+
+    path = resolve_state_dir(state_dir) / reqlog.LOG_NAME
+    try:
+        since_s = None if since == "all" else reqlog.parse_since(since)
+    except ValueError as exc:
+        raise ConfigError(f"--since: {exc}", "or --since all") from None
+    records, bad = reqlog.read(path)
+    rows, warnings = reqlog.report(records, since_s=since_s, by=by, now=time.time())
+    if as_json:
+        payload = {
+            "log": str(path),
+            "since": since,
+            "by": by,
+            "rows": [r.to_dict() for r in rows],
+            "warnings": warnings,
+            "unreadable_lines": bad,
+        }
+        click.echo(json.dumps(payload, indent=2))
+        return
+    if not rows:
+        err(f"report: no requests in {path} for --since {since}")
+        return
+    for line in reqlog.render(rows, by):
+        click.echo(line)
+    for w in warnings:
+        err(f"warning: {w}")
+    if bad:
+        err(f"report: skipped {bad} unreadable line(s) in {path}")
+
+
+def ask_via_daemon(
+    url: str | None, req: GenerationRequest, pair: str | None, *, as_json: bool
+) -> bool:
+    """Answer `req` through a running daemon; False (nothing printed) when none answers there
+    or it does not serve `pair`, so the caller answers in-process."""
+    from homespec.cli import stats_line
+    from homespec.client import DaemonClient
+
+    client = DaemonClient(url)
+    health = client.health()
+    if not health or health.get("status") not in ("ready", "degraded"):
+        return False
+    if pair is not None and pair not in health.get("pairs", {}):
+        err(f"homespec: the daemon at {client.url} does not serve pair {pair!r}: in-process")
+        return False
+    speculative: bool | str = "auto" if req.speculative is None else req.speculative
+    payload: dict[str, Any] = {
+        "model": pair,
+        "max_tokens": req.max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "seed": req.seed,
+        "stop": req.stop or None,
+        "task": req.task,
+        "speculative": speculative,
+        "drafter": req.drafter,
+        "draft_tokens": req.draft_tokens,
+    }
+    payload = {k: v for k, v in payload.items() if v is not None}
+    if req.messages is not None:
+        path = "/v1/chat/completions"
+        payload["messages"] = [{"role": m.role, "content": m.content} for m in req.messages]
+    else:
+        path, payload["prompt"] = "/v1/completions", req.prompt
+    parts: list[str] = []
+    stats: dict[str, Any] = {}
+    for event in client.stream(path, payload):
+        choice = event["choices"][0] if event.get("choices") else {}
+        text = choice.get("delta", {}).get("content") or choice.get("text") or ""
+        if text:
+            parts.append(text)
+            if not as_json:
+                click.echo(text, nl=False)
+        if "homespec" in event:
+            stats = event["homespec"]
+    if as_json:
+        click.echo(json.dumps({"text": "".join(parts), "stats": stats, "via": client.url}))
+    else:
+        click.echo()
+        err(stats_line(stats) + f" · via daemon {client.url}")
+    return True

@@ -1,0 +1,1 @@
+"""The daemon: `homespec serve` (FastAPI app factory, pair workers, metrics, systemd notify)."""

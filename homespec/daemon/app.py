@@ -1,0 +1,250 @@
+"""The HTTP API: an OpenAI-compatible surface plus /health, /metrics and /homespec/status.
+
+`create_app(config)` builds everything the app needs and keeps it on `app.state.daemon`; there
+are no module-level globals. Client mistakes get a 4xx with OpenAI's error envelope, never a
+500 with a stack trace.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from homespec import __version__
+from homespec.daemon.openai_api import (
+    SSE_DONE,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Envelope,
+    error_body,
+    homespec_extra,
+    sse,
+)
+from homespec.daemon.service import Daemon, DaemonConfig, NotReady, UnknownModel
+from homespec.daemon.worker import Outcome, PairWorker, QueueFull
+from homespec.engine.types import GenerationRequest, GenerationStats
+from homespec.errors import HomespecError, RequestError
+
+LOG = logging.getLogger("homespec.daemon")
+OPEN_PATHS = ("/health",)
+
+
+def _error(
+    status: int,
+    message: str,
+    type_: str,
+    headers: Mapping[str, str] | None = None,
+    param: str | None = None,
+) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, param), status_code=status, headers=headers)
+
+
+class BodyLimit:
+    """413 for a request body over `limit` bytes, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        too_big = _error(413, f"request body over {self.limit} bytes", "invalid_request_error")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await too_big(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise HTTPException(413, f"request body over {self.limit} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def create_app(config: DaemonConfig) -> FastAPI:
+    daemon = Daemon(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        daemon.start()
+        yield
+        daemon.close()  # after uvicorn has drained the in-flight requests
+
+    app = FastAPI(title="homespec", version=__version__, lifespan=lifespan)
+    app.state.daemon = daemon
+    app.add_middleware(BodyLimit, limit=daemon.server.max_body_bytes)
+
+    @app.middleware("http")
+    async def auth(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        key = config.api_key
+        if key and request.url.path not in OPEN_PATHS:
+            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            given = given or request.headers.get("x-api-key", "")
+            if not hmac.compare_digest(given.encode(), key.encode()):
+                return _error(401, "missing or wrong API key (Authorization: Bearer …)",
+                              "authentication_error")  # fmt: skip
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            if err["type"] == "json_invalid":
+                problems.append(f"the body is not valid JSON ({err['ctx'].get('error', '')})")
+                continue
+            loc = ".".join(str(p) for p in err["loc"] if p != "body")
+            problems.append(f"{loc or 'body'}: {err['msg']}")
+        return _error(400, "invalid request: " + "; ".join(problems), "invalid_request_error")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, str(exc.detail), kind, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def crash(request: Request, exc: Exception) -> JSONResponse:
+        LOG.exception("unhandled error on %s", request.url.path)
+        return _error(500, "internal error (logged by the daemon)", "server_error")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        h = daemon.health()
+        return JSONResponse(h, status_code=200 if h["status"] in ("ready", "degraded") else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        for w in daemon.workers.values():
+            daemon.metrics.set_state(w.name, w.mode, w.pending)
+        return Response(daemon.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/homespec/status")
+    async def status() -> dict[str, Any]:
+        return daemon.status()
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        data = [
+            {"id": w.name, "object": "model", "created": int(daemon.started_at),
+             "owned_by": "homespec", "homespec": {"state": w.state, "mode": w.mode}}
+            for w in daemon.workers.values()
+        ]  # fmt: skip
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _complete(daemon, "chat", body, request)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _complete(daemon, "text", body, request)
+
+    return app
+
+
+def _refusal(exc: Exception) -> JSONResponse:
+    if isinstance(exc, QueueFull):
+        return _error(503, f"{exc}: try again shortly", "server_busy", {"Retry-After": "2"})
+    if isinstance(exc, UnknownModel):
+        return _error(404, str(exc), "not_found_error", param="model")
+    if isinstance(exc, NotReady):
+        return _error(503, str(exc), "server_starting", {"Retry-After": "5"})
+    if isinstance(exc, RequestError):
+        return _error(400, str(exc), "invalid_request_error")
+    assert isinstance(exc, HomespecError)
+    return _error(500, str(exc), "server_error")
+
+
+async def _complete(
+    daemon: Daemon,
+    kind: Literal["chat", "text"],
+    body: ChatCompletionRequest | CompletionRequest,
+    request: Request,
+) -> Response:
+    rid = daemon.new_id()
+    limit = daemon.server.max_tokens_limit
+    try:
+        worker, notes = daemon.resolve(body.model)
+        if worker.state != "ready":
+            why = worker.error or "the target model is still loading"
+            raise NotReady(f"pair {worker.name!r} is not ready: {why}", "retry shortly")
+        cap = body.max_completion_tokens if isinstance(body, ChatCompletionRequest) else None
+        asked = cap or body.max_tokens
+        if asked is not None and asked > limit:
+            raise RequestError(f"max_tokens {asked} is over this daemon's limit of {limit}",
+                               "ask for fewer tokens (server.max_tokens_limit)")  # fmt: skip
+        req = body.to_generation(default_max_tokens=min(limit, 1024))
+        worker.check_prompt(req)
+        worker.admit()
+    except (HomespecError, QueueFull) as exc:
+        response = _refusal(exc)
+        response.headers["X-Request-Id"] = rid
+        return response
+    env = Envelope(kind, rid, worker.name)
+    endpoint = "chat.completions" if kind == "chat" else "completions"
+
+    def on_done(outcome: Outcome) -> None:
+        daemon.record(rid, endpoint, worker, req, body.model, notes, outcome)
+
+    headers = {"X-Request-Id": rid}
+    if body.stream:
+        events = _sse(worker, req, env, notes, on_done)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    text: list[str] = []
+    stats: GenerationStats | None = None
+    try:
+        async for item in worker.stream(req, on_done):
+            if isinstance(item, GenerationStats):
+                stats = item
+            else:
+                text.append(item.text)
+                if await request.is_disconnected():
+                    break  # leaving the loop stops generation
+    except HomespecError as exc:
+        response = _refusal(exc)
+        response.headers.update(headers)
+        return response
+    if stats is None:
+        return _error(499, "client disconnected", "cancelled", headers)
+    payload = env.full("".join(text), stats, homespec_extra(stats, worker.name, notes))
+    return JSONResponse(payload, headers=headers)
+
+
+async def _sse(
+    worker: PairWorker,
+    req: GenerationRequest,
+    env: Envelope,
+    notes: list[str],
+    on_done: Callable[[Outcome], None],
+) -> AsyncIterator[str]:
+    first = True
+    try:
+        async for item in worker.stream(req, on_done):
+            if isinstance(item, GenerationStats):
+                yield env.last_chunk(item, homespec_extra(item, worker.name, notes))
+            elif item.text:
+                yield env.chunk(item.text, first=first)
+                first = False
+    except HomespecError as exc:
+        yield sse(error_body(str(exc), "invalid_request_error"))
+    except Exception as exc:  # the headers are out: report in-band, never a broken stream
+        LOG.exception("stream %s failed", env.id)
+        yield sse(error_body(f"generation failed: {exc}", "server_error"))
+    yield SSE_DONE

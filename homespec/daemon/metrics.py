@@ -1,0 +1,72 @@
+"""Prometheus metrics, in a registry owned by the app (no module-level collectors)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from homespec.engine.types import GenerationStats
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+MODES = ("speculative", "ngram", "plain", "loading", "failed")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "homespec_requests", "Requests by pair, mode and outcome", ["pair", "mode", "outcome"],
+            registry=r,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "homespec_tokens", "Prompt and completion tokens", ["pair", "kind"], registry=r
+        )
+        self.proposed = Counter(
+            "homespec_draft_proposed_tokens", "Draft tokens proposed", ["pair"], registry=r
+        )
+        self.accepted = Counter(
+            "homespec_draft_accepted_tokens", "Draft tokens accepted", ["pair"], registry=r
+        )
+        self.per_position = Counter(
+            "homespec_draft_accepted_at_position",
+            "Verify steps whose draft token at this position (0-based) was accepted",
+            ["pair", "position"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "homespec_ttft_seconds", "Time to first token", ["pair"], buckets=LATENCY_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "homespec_e2e_seconds", "Request latency, end to end", ["pair"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.mode = Gauge(
+            "homespec_pair_mode", "1 for the mode each pair runs in now", ["pair", "mode"],
+            registry=r,
+        )  # fmt: skip
+        self.queue = Gauge(
+            "homespec_queue_depth", "Requests waiting or running per pair", ["pair"], registry=r
+        )
+
+    def observe(self, pair: str, mode: str, outcome: str, stats: GenerationStats | None) -> None:
+        self.requests.labels(pair, mode, outcome).inc()
+        if stats is None:
+            return
+        self.tokens.labels(pair, "prompt").inc(stats.prompt_tokens)
+        self.tokens.labels(pair, "completion").inc(stats.completion_tokens)
+        self.proposed.labels(pair).inc(stats.proposed_tokens)
+        self.accepted.labels(pair).inc(stats.accepted_tokens)
+        for i, n in enumerate(stats.accepted_per_position):
+            if n:
+                self.per_position.labels(pair, str(i)).inc(n)
+        self.ttft.labels(pair).observe(stats.ttft_ms / 1000.0)
+        self.e2e.labels(pair).observe(stats.e2e_ms / 1000.0)
+
+    def set_state(self, pair: str, mode: str, queue_depth: int) -> None:
+        for m in MODES:
+            self.mode.labels(pair, m).set(1 if m == mode else 0)
+        self.queue.labels(pair).set(queue_depth)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,196 @@
+"""OpenAI-compatible request bodies, and the responses and SSE chunks sent back.
+
+Only what homespec can honour is accepted; OpenAI fields it cannot honour in a way that would
+change the answer (n > 1, tools, logprobs) are refused with a 400 that names them, and fields
+that are harmless to ignore (user, presence_penalty = 0, ...) are ignored. The extras homespec
+adds: `speculative` (true | false | "auto"), `task`, `draft_tokens`, `drafter`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from homespec.engine.types import GenerationRequest, GenerationStats, Message
+from homespec.manifest import MAX_DRAFT_TOKENS
+
+Speculative = bool | Literal["auto"]
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: int = Field(1, ge=1, le=1, description="homespec answers one choice per request")
+    logprobs: bool | None = None
+    tools: list[Any] | None = None
+    # homespec's extras
+    speculative: Speculative = "auto"
+    task: str | None = Field(None, max_length=64)
+    draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS)
+    drafter: Literal["model", "ngram", "hybrid"] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("at most 4 non-empty stop strings")
+        return v
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> _Common:
+        if self.logprobs:
+            raise ValueError("logprobs are not supported")
+        if self.tools:
+            raise ValueError("tools are not supported")
+        return self
+
+    def generation(self, **kw: Any) -> GenerationRequest:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        spec = None if self.speculative == "auto" else bool(self.speculative)
+        return GenerationRequest(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=stops,
+            task=self.task,
+            speculative=spec,
+            drafter=self.drafter,
+            draft_tokens=self.draft_tokens,
+            **kw,
+        )
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def to_generation(self, default_max_tokens: int) -> GenerationRequest:
+        msgs = [
+            Message("system" if m.role == "developer" else m.role, m.text()) for m in self.messages
+        ]
+        cap = self.max_completion_tokens or self.max_tokens or default_max_tokens
+        return self.generation(messages=msgs, max_tokens=cap)
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and len(v) != 1:
+            raise ValueError("homespec takes one prompt per request")
+        return v
+
+    def to_generation(self, default_max_tokens: int) -> GenerationRequest:
+        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        return self.generation(prompt=prompt, max_tokens=self.max_tokens or default_max_tokens)
+
+
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def usage(stats: GenerationStats) -> dict[str, int]:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+    }
+
+
+def homespec_extra(stats: GenerationStats | None, pair: str, notes: list[str]) -> dict[str, Any]:
+    """The `homespec` object every response carries: the engine's stats and why."""
+    out: dict[str, Any] = {"pair": pair}
+    if stats is not None:
+        out.update(stats.to_dict())
+    if notes:
+        out["reason"] = "; ".join([*notes, out.get("reason", "")]).rstrip("; ")
+        out["notes"] = notes
+    return out
+
+
+class Envelope:
+    """Builds the response objects of one request (chat or text completion)."""
+
+    def __init__(self, kind: Literal["chat", "text"], request_id: str, model: str) -> None:
+        self.kind = kind
+        self.id = request_id
+        self.model = model
+        self.created = int(time.time())
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def full(self, text: str, stats: GenerationStats, extra: dict[str, Any]) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": stats.finish_reason,
+            }
+            body = self._base("chat.completion")
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": stats.finish_reason}
+            body = self._base("text_completion")
+        return {**body, "choices": [choice], "usage": usage(stats), "homespec": extra}
+
+    def chunk(self, text: str, *, first: bool = False) -> str:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"content": text}
+            if first:
+                delta["role"] = "assistant"
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+            body = self._base("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": None}
+            body = self._base("text_completion")
+        return sse({**body, "choices": [choice]})
+
+    def last_chunk(self, stats: GenerationStats, extra: dict[str, Any]) -> str:
+        """The final chunk: finish_reason, usage and the homespec stats."""
+        if self.kind == "chat":
+            choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": stats.finish_reason}
+            body = self._base("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": "", "finish_reason": stats.finish_reason}
+            body = self._base("text_completion")
+        return sse({**body, "choices": [choice], "usage": usage(stats), "homespec": extra})
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"

@@ -1,0 +1,245 @@
+"""One pair inside the daemon: progressive loading, a bounded queue, generation off the event loop.
+
+States: `starting` (target loading) → `ready` (the target serves; speculation once the draft is
+attached) or `failed`. Requests run one at a time on the pair's own thread; the event loop only
+moves chunks. A request that finds `max_queue` requests waiting or running is refused at once
+(the HTTP layer answers 503 with Retry-After) rather than queued without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from homespec.engine.generate import generate, prompt_tokens
+from homespec.engine.loader import DRAFT_LOADING, LoadedPair, attach_draft, load_pair
+from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
+from homespec.errors import HomespecError, RequestError
+from homespec.manifest import Manifest
+from homespec.resources import Machine
+
+LOG = logging.getLogger("homespec.daemon")
+ROLLING = 50  # requests in the rolling accept rate
+
+
+class QueueFull(Exception):
+    def __init__(self, pair: str, limit: int) -> None:
+        super().__init__(f"pair {pair!r} already has {limit} requests waiting or running")
+        self.pair = pair
+
+
+class Cancelled(Exception):
+    """The client went away; generation stopped."""
+
+
+@dataclass
+class Outcome:
+    """How a request ended, for the log and the metrics."""
+
+    stats: GenerationStats | None
+    status: str  # ok | cancelled | error
+    error: str = ""
+
+
+class PairWorker:
+    def __init__(
+        self,
+        manifest: Manifest,
+        name: str,
+        *,
+        max_queue: int,
+        machine: Machine | None = None,
+        on_ready: Callable[[PairWorker], None] | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.name = name
+        self.max_queue = max_queue
+        self.machine = machine
+        self.on_ready = on_ready
+        self.state = "starting"
+        self.error = ""
+        self.loaded: LoadedPair | None = None
+        self.pending = 0  # waiting + running; touched only on the event loop
+        self.served = 0
+        self.recent: deque[tuple[int, int]] = deque(maxlen=ROLLING)  # (proposed, accepted)
+        self.started_at = time.time()
+        self.ready_after_s: float | None = None
+        self.speculative_after_s: float | None = None
+        self._lock = threading.Lock()  # held while generating or attaching the draft
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pair-{name}")
+        self._loader = threading.Thread(target=self._load, name=f"load-{name}", daemon=True)
+
+    # --- loading ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loader.start()
+
+    def _load(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.loaded = load_pair(
+                self.manifest, self.name, load_draft=False, machine=self.machine
+            )
+        except HomespecError as err:
+            self.state, self.error = "failed", str(err)
+            LOG.error("pair %s failed to load: %s", self.name, err)
+            return
+        except Exception as exc:  # never take the daemon down: report it on /health
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            LOG.exception("pair %s failed to load", self.name)
+            return
+        self.ready_after_s = time.perf_counter() - t0
+        self.state = "ready"
+        LOG.info("pair %s: target ready after %.1f s, serving", self.name, self.ready_after_s)
+        if self.on_ready:
+            self.on_ready(self)
+        try:
+            with self._lock:  # between requests
+                attached = attach_draft(self.loaded)
+        except Exception as exc:
+            LOG.error("pair %s: draft failed to load, n-gram drafting only: %s", self.name, exc)
+            return
+        if attached:
+            self.speculative_after_s = time.perf_counter() - t0
+            LOG.info(
+                "pair %s: draft attached after %.1f s, speculative", self.name,
+                self.speculative_after_s,
+            )  # fmt: skip
+
+    @property
+    def mode(self) -> str:
+        """What the pair does now: speculative, ngram, plain, loading or failed."""
+        if self.state != "ready" or self.loaded is None:
+            return "loading" if self.state == "starting" else "failed"
+        rt = self.loaded.runtime
+        if rt.plain_only_reason:
+            return "plain"
+        if rt.draft is not None:
+            return "speculative"
+        return "ngram" if self.loaded.plan.mode != "plain" else "plain"
+
+    @property
+    def reason(self) -> str:
+        if self.state == "failed":
+            return self.error
+        if self.loaded is None:
+            return "target model loading"
+        rt = self.loaded.runtime
+        return rt.plain_only_reason or rt.draft_unavailable_reason or self.loaded.plan.reason
+
+    @property
+    def degraded(self) -> bool:
+        if self.loaded is None:
+            return self.state == "failed"
+        rt = self.loaded.runtime
+        return self.loaded.plan.degraded or rt.draft_unavailable_reason.startswith("draft failed")
+
+    @property
+    def draft_loading(self) -> bool:
+        return self.loaded is not None and self.loaded.runtime.draft_unavailable_reason == (
+            DRAFT_LOADING
+        )
+
+    def rolling_accept_rate(self) -> float | None:
+        proposed = sum(p for p, _ in self.recent)
+        return sum(a for _, a in self.recent) / proposed if proposed else None
+
+    # --- requests --------------------------------------------------------------------------
+
+    def check_prompt(self, req: GenerationRequest) -> None:
+        """Refuse a prompt that cannot fit the context before queueing it (400, both sizes)."""
+        if self.loaded is None:
+            return
+        rt = self.loaded.runtime
+        n = len(prompt_tokens(rt, req)[0])
+        if n >= rt.target.n_ctx:
+            raise RequestError(
+                f"the prompt is {n} tokens and pair {self.name!r} has a {rt.target.n_ctx}-token "
+                "context",
+                "shorten the prompt (the context holds the prompt and the answer)",
+            )
+
+    def admit(self) -> None:
+        """Take a place in the queue, or raise QueueFull. Each admit() is followed by exactly
+        one stream() (which gives the place back when the request ends) or release()."""
+        if self.pending >= self.max_queue:
+            raise QueueFull(self.name, self.max_queue)
+        self.pending += 1
+
+    def release(self) -> None:
+        self.pending -= 1
+
+    async def stream(
+        self, req: GenerationRequest, on_done: Callable[[Outcome], None]
+    ) -> AsyncIterator[Chunk | GenerationStats]:
+        """Run an admitted `req` on the pair's thread and yield its chunks, then its stats. If
+        the consumer stops early, generation stops at the next step."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        cancel = threading.Event()
+        done = object()
+
+        def put(item: object) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def run() -> None:
+            outcome = Outcome(None, "error", "")
+            try:
+                with self._lock:
+                    assert self.loaded is not None
+                    gen = generate(self.loaded.runtime, req)
+                    try:
+                        for item in gen:
+                            if cancel.is_set():
+                                outcome = Outcome(None, "cancelled", "client disconnected")
+                                return
+                            if isinstance(item, GenerationStats):
+                                outcome = Outcome(item, "ok")
+                            put(item)
+                    finally:
+                        gen.close()
+            except Exception as exc:  # reported to the client as an error event / status
+                outcome = Outcome(None, "error", str(exc))
+                put(exc)
+            finally:
+                put(done)
+                loop.call_soon_threadsafe(self._finish, outcome, on_done)
+
+        future = loop.run_in_executor(self._pool, run)
+        try:
+            while True:
+                item = await queue.get()
+                if item is done:
+                    break
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            # A consumer that left early (client disconnect) stops generation at the next step;
+            # the thread then reports the outcome itself (run() never raises).
+            cancel.set()
+            del future
+
+    def _finish(self, outcome: Outcome, on_done: Callable[[Outcome], None]) -> None:
+        self.pending -= 1
+        self.served += 1
+        if outcome.stats is not None and outcome.stats.mode == "speculative":
+            self.recent.append((outcome.stats.proposed_tokens, outcome.stats.accepted_tokens))
+        on_done(outcome)
+
+    def close(self) -> None:
+        """Wait for the running request, then unload (target and draft)."""
+        self._pool.shutdown(wait=True)
+        self._loader.join(timeout=60)
+        with self._lock:
+            if self.loaded is not None:
+                self.loaded.close()
+                self.loaded = None
+        self.state = "stopped"

@@ -1,0 +1,101 @@
+"""A real `homespec serve` process on loopback for the daemon tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from homespec.manifest import Manifest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def demo_manifest_file(demo: Manifest, directory: Path, server: str = "") -> Path:
+    """The demo pair with absolute paths (so the file can live anywhere) and a small context."""
+    target = demo.model_path("smollm2-135m-f32")
+    draft = demo.model_path("smollm2-135m-q4_1")
+    path = directory / "models.toml"
+    path.write_text(
+        f'default_pair = "smollm2"\n[server]\n{server}\n'
+        f'[models.t]\npath = "{target}"\n[models.d]\npath = "{draft}"\n'
+        '[pairs.smollm2]\ntarget = "t"\ndraft = "d"\nn_ctx = 1024\n'
+        "[pairs.smollm2.tasks.creative]\nspeculative = false\n"
+        '[pairs.smollm2-ngram]\ntarget = "t"\ndraft = "ngram"\nn_ctx = 1024\n'
+    )
+    return path
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen[bytes]
+    url: str
+    state_dir: Path
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=30, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> httpx.Response:
+        return httpx.post(self.url + path, json=body, timeout=120, **kw)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+
+def start_daemon(
+    manifest: Path, tmp: Path, *extra: str, env: dict[str, str] | None = None, wait: bool = True
+) -> Daemon:
+    port = free_port()
+    state = tmp / "state"
+    log_path = tmp / f"daemon-{port}.log"
+    cmd = [sys.executable, "-m", "homespec", "serve", "--config", str(manifest),
+           "--port", str(port), "--state-dir", str(state), *extra]  # fmt: skip
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    d = Daemon(proc, f"http://127.0.0.1:{port}", state, log_path)
+    if wait:
+        wait_until(d, all_attached)
+    return d
+
+
+def all_attached(health: dict[str, Any]) -> bool:
+    """Every pair serves in the mode it declares (the drafts are attached)."""
+    modes = [p["mode"] for p in health["pairs"].values()]
+    return health["status"] == "ready" and all(m in ("speculative", "ngram") for m in modes)
+
+
+def wait_until(d: Daemon, ok: Any, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if d.proc.poll() is not None:
+            raise AssertionError(f"daemon exited with {d.proc.returncode}:\n{d.log()}")
+        try:
+            last = d.get("/health").json()
+            if ok(last):
+                return last
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"daemon not ready in {timeout}s: {last}\n{d.log()}")

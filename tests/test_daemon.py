@@ -1,0 +1,309 @@
+"""The daemon as a real process on loopback with the demo pair: the OpenAI SDK, raw HTTP errors,
+the queue, disconnects, the request log under kill -9, SIGTERM draining, metrics, status/report."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from homespec.cli import cli
+from homespec.manifest import Manifest
+
+from .daemon_process import Daemon, demo_manifest_file, start_daemon, wait_until
+
+CHAT = "/v1/chat/completions"
+STATS_KEYS = {"proposed_tokens", "accepted_tokens", "accept_rate", "ttft_ms", "e2e_ms",
+              "tokens_per_s", "mode", "reason"}  # fmt: skip
+
+
+def user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def daemon(demo_manifest: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("daemon")
+    config = demo_manifest_file(demo_manifest, tmp, "max_queue = 2\nmax_tokens_limit = 512")
+    d = start_daemon(config, tmp, "--pair", "smollm2", "--pair", "smollm2-ngram")
+    yield d
+    d.stop()
+
+
+@pytest.fixture()
+def sdk(daemon: Daemon) -> OpenAI:
+    return OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_openai_sdk_non_streaming_carries_usage_and_stats(sdk: OpenAI) -> None:
+    r = sdk.chat.completions.create(
+        model="smollm2", messages=user("Write a Dockerfile for a Flask app."), max_tokens=48
+    )  # type: ignore[call-overload]
+    assert r.choices[0].message.content
+    assert r.model == "smollm2"
+    assert r.usage is not None and 0 < r.usage.completion_tokens <= 48
+    stats = r.model_dump()["homespec"]
+    assert set(stats) >= STATS_KEYS
+    assert stats["mode"] == "speculative" and stats["proposed_tokens"] > 0
+
+
+def test_openai_sdk_streaming_puts_stats_in_the_last_chunk(sdk: OpenAI) -> None:
+    chunks = list(
+        sdk.chat.completions.create(
+            model="smollm2", messages=user("List three colors."), max_tokens=40, stream=True
+        )  # type: ignore[call-overload]
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    last = chunks[-1].model_dump()
+    assert last["choices"][0]["finish_reason"] in ("stop", "length")
+    assert set(last["homespec"]) >= STATS_KEYS
+    assert last["usage"]["completion_tokens"] == last["homespec"]["completion_tokens"]
+
+
+def test_speculation_off_per_request_via_extra_body(sdk: OpenAI) -> None:
+    r = sdk.chat.completions.create(
+        model="smollm2", messages=user("Say hello."), max_tokens=40,
+        extra_body={"speculative": False},
+    )  # type: ignore[call-overload]  # fmt: skip
+    stats = r.model_dump()["homespec"]
+    assert (stats["mode"], stats["reason"], stats["proposed_tokens"]) == (
+        "plain", "request: speculation off", 0,
+    )  # fmt: skip
+
+
+def test_placeholder_model_is_served_by_the_default_pair_and_says_so(daemon: Daemon) -> None:
+    r = daemon.post(CHAT, {"model": "gpt-3.5-turbo", "messages": user("Hi"), "max_tokens": 8})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["model"] == "smollm2"
+    assert (
+        "model 'gpt-3.5-turbo' is not a pair here: served by the default pair"
+        in (body["homespec"]["reason"])
+    )
+    assert r.headers["x-request-id"] == body["id"]
+
+
+def test_text_completions_and_models(daemon: Daemon) -> None:
+    r = daemon.post("/v1/completions", {"model": "smollm2-ngram", "prompt": "1, 2, 3,",
+                                        "max_tokens": 8})  # fmt: skip
+    assert r.status_code == 200 and r.json()["choices"][0]["text"]
+    ids = [m["id"] for m in daemon.get("/v1/models").json()["data"]]
+    assert ids == ["smollm2", "smollm2-ngram"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b'{"messages": "hello"}', 400, "messages: Input should be a valid list"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}', 400,
+         "max_tokens"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}', 400,
+         "max_tokens 100000 is over this daemon's limit of 512"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n:"),
+        (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages.0.role"),
+        (b'{"model": "smollm2", "messages": []}', 400, "messages"),
+    ],
+    ids=["malformed", "wrong-type", "bad-max-tokens", "over-limit", "n", "role", "empty"],
+)  # fmt: skip
+def test_client_mistakes_get_400_envelopes(
+    daemon: Daemon, body: bytes, status: int, needle: str
+) -> None:
+    r = httpx.post(daemon.url + CHAT, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and needle in err["message"], err
+
+
+def test_prompt_longer_than_the_context_names_both_sizes(daemon: Daemon) -> None:
+    r = daemon.post(CHAT, {"messages": user("word " * 1500), "max_tokens": 8})
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert "1024-token context" in message and "the prompt is 15" in message
+
+
+def test_unknown_route_and_oversized_body(daemon: Daemon) -> None:
+    r = daemon.get("/v1/nope")
+    assert r.status_code == 404 and "error" in r.json()
+    big = {"messages": user("x" * 2_000_000)}
+    r = daemon.post(CHAT, big)
+    assert r.status_code == 413 and "request body over" in r.json()["error"]["message"]
+
+
+def test_burst_over_the_queue_gets_503s_and_the_rest_succeed(daemon: Daemon) -> None:
+    results: list[httpx.Response] = []
+
+    def one() -> None:
+        body = {"messages": user("Count from one to twenty."), "max_tokens": 48}
+        results.append(daemon.post(CHAT, body))
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    codes = sorted(r.status_code for r in results)
+    assert 503 in codes and 200 in codes, codes
+    assert set(codes) <= {200, 503}
+    busy = next(r for r in results if r.status_code == 503)
+    assert busy.headers["retry-after"] and busy.json()["error"]["type"] == "server_busy"
+
+
+def test_client_disconnect_stops_generation(daemon: Daemon) -> None:
+    body = {"messages": user("Write a very long story about a lighthouse."), "max_tokens": 400,
+            "stream": True, "speculative": False}  # fmt: skip
+    with httpx.stream("POST", daemon.url + CHAT, json=body, timeout=60) as r:
+        rid = r.headers["x-request-id"]
+        for n, _ in enumerate(r.iter_lines()):
+            if n >= 6:
+                break  # leave mid-stream
+    deadline = time.monotonic() + 30
+    record = None
+    while time.monotonic() < deadline and record is None:
+        record = next((x for x in read_log(daemon) if x["id"] == rid), None)
+        time.sleep(0.1)
+    assert record is not None and record["outcome"] == "cancelled", record
+    status = daemon.get("/homespec/status").json()
+    assert all(p["queue_depth"] == 0 for p in status["pairs"])
+
+
+def read_log(daemon: Daemon) -> list[dict[str, object]]:
+    lines = (daemon.state_dir / "requests.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_every_request_is_one_log_line_with_its_stats(daemon: Daemon) -> None:
+    r = daemon.post(CHAT, {"messages": user("Name a fruit."), "max_tokens": 12, "task": "qa"})
+    rid = r.headers["x-request-id"]
+    rec = next(x for x in read_log(daemon) if x["id"] == rid)
+    assert rec["pair"] == "smollm2" and rec["task"] == "qa" and rec["outcome"] == "ok"
+    assert STATS_KEYS - {"mode", "reason"} <= set(rec) and rec["reason"]
+
+
+def test_metrics_parse_with_prometheus_client(daemon: Daemon) -> None:
+    daemon.post(CHAT, {"messages": user("Hi"), "max_tokens": 40, "speculative": True})
+    families = {f.name: f for f in text_string_to_metric_families(daemon.get("/metrics").text)}
+    for name in ("homespec_requests", "homespec_tokens", "homespec_draft_proposed_tokens",
+                 "homespec_draft_accepted_tokens", "homespec_draft_accepted_at_position",
+                 "homespec_ttft_seconds", "homespec_e2e_seconds", "homespec_pair_mode",
+                 "homespec_queue_depth"):  # fmt: skip
+        assert name in families, name
+    modes = {s.labels["mode"]: s.value for s in families["homespec_pair_mode"].samples
+             if s.labels["pair"] == "smollm2"}  # fmt: skip
+    assert modes["speculative"] == 1 and modes["plain"] == 0
+
+
+def test_status_and_report_cli_against_the_live_daemon(daemon: Daemon) -> None:
+    runner = CliRunner()
+    r = runner.invoke(cli, ["status", "--url", daemon.url])
+    assert r.exit_code == 0, r.output
+    assert "smollm2" in r.stdout and "speculative" in r.stdout and "MiB" in r.stdout
+    r = runner.invoke(cli, ["status", "--url", daemon.url, "--json"])
+    pair = json.loads(r.stdout)["pairs"][0]
+    assert pair["memory_planned"]["ram"]["draft"] > 0 and pair["mode"] == "speculative"
+    r = runner.invoke(cli, ["report", "--state-dir", str(daemon.state_dir), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {row["key"]: row for row in json.loads(r.stdout)["rows"]}
+    assert rows["smollm2"]["requests"] >= 3 and rows["smollm2"]["ttft_p50"] > 0
+    r = runner.invoke(cli, ["report", "--state-dir", str(daemon.state_dir), "--by", "task"])
+    assert "qa" in r.stdout
+
+
+def test_ask_uses_the_daemon_and_says_so(daemon: Daemon) -> None:
+    r = CliRunner().invoke(cli, ["ask", "Say hi.", "--max-tokens", "8", "--json",
+                                 "--url", daemon.url])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    payload = json.loads(r.stdout)
+    assert payload["via"] == daemon.url and payload["text"]
+
+
+def test_progressive_start_serves_the_target_before_the_draft(daemon: Daemon) -> None:
+    log = daemon.log()
+    ready = log.index("pair smollm2: target ready after")
+    attached = log.index("pair smollm2: draft attached after")
+    assert ready < attached
+    pair = daemon.get("/homespec/status").json()["pairs"][0]
+    assert 0 < pair["ready_after_s"] <= pair["speculative_after_s"]
+
+
+def test_kill_9_mid_stream_leaves_only_whole_log_lines(
+    demo_manifest: Manifest, tmp_path: Path
+) -> None:
+    d = start_daemon(demo_manifest_file(demo_manifest, tmp_path), tmp_path)
+    try:
+        for _ in range(3):
+            d.post(CHAT, {"messages": user("Hi"), "max_tokens": 6})
+        body = {"messages": user("Tell a long story."), "max_tokens": 300, "stream": True}
+        with httpx.stream("POST", d.url + CHAT, json=body, timeout=60) as r:
+            for n, _ in enumerate(r.iter_lines()):
+                if n == 4:
+                    d.stop(signal.SIGKILL)
+                    break
+    finally:
+        d.stop(signal.SIGKILL)
+    raw = (d.state_dir / "requests.jsonl").read_bytes()
+    assert raw.endswith(b"\n")
+    assert [json.loads(line)["outcome"] for line in raw.splitlines()] == ["ok"] * 3
+
+
+def test_sigterm_drains_the_in_flight_stream_then_exits(
+    demo_manifest: Manifest, tmp_path: Path
+) -> None:
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # plays systemd's NOTIFY_SOCKET
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(30)
+    d = start_daemon(demo_manifest_file(demo_manifest, tmp_path), tmp_path,
+                     env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})  # fmt: skip
+    assert notify.recv(4096).startswith(b"READY=1\nSTATUS=serving pair smollm2")
+    body = {"messages": user("Write a story about a fox."), "max_tokens": 60, "stream": True,
+            "speculative": False}  # fmt: skip
+    lines: list[str] = []
+    with httpx.stream("POST", d.url + CHAT, json=body, timeout=60) as r:
+        for n, line in enumerate(r.iter_lines()):
+            lines.append(line)
+            if n == 2:
+                d.proc.send_signal(signal.SIGTERM)
+    lines = [line for line in lines if line]
+    assert lines[-1] == "data: [DONE]"
+    assert '"finish_reason": "length"' in "".join(lines)
+    # uvicorn re-raises the signal once drained: systemd counts death by SIGTERM as clean.
+    assert d.proc.wait(timeout=60) in (0, -signal.SIGTERM)
+    assert "models unloaded" in d.log()
+    assert notify.recv(4096).startswith(b"STOPPING=1")
+    notify.close()
+    assert [r["outcome"] for r in read_log(d)] == ["ok"]
+
+
+def test_api_key_is_enforced_everywhere_but_health(demo_manifest: Manifest, tmp_path: Path) -> None:
+    d = start_daemon(demo_manifest_file(demo_manifest, tmp_path), tmp_path,
+                     env={"HOMESPEC_API_KEY": "s3cret"}, wait=False)  # fmt: skip
+    try:
+        wait_until(d, lambda h: h["status"] == "ready")
+        assert d.get("/v1/models").status_code == 401
+        assert d.get("/metrics").status_code == 401
+        ok = d.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert d.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+    finally:
+        d.stop()
+
+
+def test_non_loopback_bind_without_a_key_is_refused(
+    demo_manifest: Manifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HOMESPEC_API_KEY", raising=False)
+    r = CliRunner().invoke(cli, ["serve", "--host", "0.0.0.0", "--config",
+                                 str(demo_manifest.path)])  # fmt: skip
+    assert r.exit_code == 2
+    assert "refusing to listen on 0.0.0.0 without an API key" in r.stderr
