@@ -44,6 +44,7 @@ def cli(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler], force=True
     )
+    logging.getLogger("homespec").setLevel(logging.NOTSET)  # `serve` raises it to INFO
 
 
 def stats_line(stats: dict[str, Any]) -> str:

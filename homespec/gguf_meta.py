@@ -94,6 +94,10 @@ class TokenTable(Sequence[str]):
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
+    def span(self, start: int, end: int) -> bytes:
+        """Items start..end-1 as stored (length-prefixed): equal spans mean equal items."""
+        return self._raw[self._offsets[start] - 8 : self._offsets[end] - 8]
+
     def raw(self, i: int) -> bytes:
         return self._raw[self._offsets[i] : self._offsets[i + 1] - 8]
 
@@ -347,7 +351,13 @@ def compatibility_problems(target: GGUFInfo, draft: GGUFInfo) -> list[str]:
         )
     else:
         n = min(target.vocab_size, draft.vocab_size)
-        for i in range(VOCAB_CHECK_START_ID, n):
+        t, d = target.tokens, draft.tokens
+        same_bytes = (
+            isinstance(t, TokenTable)
+            and isinstance(d, TokenTable)
+            and t.span(VOCAB_CHECK_START_ID, n) == d.span(VOCAB_CHECK_START_ID, n)
+        )
+        for i in range(VOCAB_CHECK_START_ID, 0 if same_bytes else n):
             if _raw_token(target, i) != _raw_token(draft, i):
                 problems.append(
                     f"token {i} differs: target {target.tokens[i]!r}, draft {draft.tokens[i]!r}"

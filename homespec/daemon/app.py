@@ -7,6 +7,7 @@ are no module-level globals. Client mistakes get a 4xx with OpenAI's error envel
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -191,7 +192,7 @@ async def _complete(
             raise RequestError(f"max_tokens {asked} is over this daemon's limit of {limit}",
                                "ask for fewer tokens (server.max_tokens_limit)")  # fmt: skip
         req = body.to_generation(default_max_tokens=min(limit, 1024))
-        worker.check_prompt(req)
+        await asyncio.to_thread(worker.check_prompt, req)  # tokenizing is blocking work
         worker.admit()
     except (HomespecError, QueueFull) as exc:
         response = _refusal(exc)

@@ -27,6 +27,8 @@ from homespec.resources import Machine
 
 LOG = logging.getLogger("homespec.daemon")
 ROLLING = 50  # requests in the rolling accept rate
+QUIET_S = 0.3  # the draft loads once the pair has had no request for this long...
+MAX_DRAFT_DELAY_S = 30.0  # ...or after this long anyway
 
 
 class QueueFull(Exception):
@@ -73,6 +75,7 @@ class PairWorker:
         self.ready_after_s: float | None = None
         self.speculative_after_s: float | None = None
         self._lock = threading.Lock()  # held while generating or attaching the draft
+        self._closing = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pair-{name}")
         self._loader = threading.Thread(target=self._load, name=f"load-{name}", daemon=True)
 
@@ -100,9 +103,9 @@ class PairWorker:
         LOG.info("pair %s: target ready after %.1f s, serving", self.name, self.ready_after_s)
         if self.on_ready:
             self.on_ready(self)
-        try:
-            with self._lock:  # between requests
-                attached = attach_draft(self.loaded)
+        self._wait_for_quiet()
+        try:  # loads while the target serves; hands over between requests
+            attached = attach_draft(self.loaded, idle=self._lock)
         except Exception as exc:
             LOG.error("pair %s: draft failed to load, n-gram drafting only: %s", self.name, exc)
             return
@@ -112,6 +115,20 @@ class PairWorker:
                 "pair %s: draft attached after %.1f s, speculative", self.name,
                 self.speculative_after_s,
             )  # fmt: skip
+
+    def _wait_for_quiet(self) -> None:
+        """Let the requests that queued up during a restart go first: loading the draft while
+        they run would slow them down on a busy CPU (a two-model start must not answer later
+        than a target-only one). Wait until the queue has been empty for QUIET_S, at most
+        MAX_DRAFT_DELAY_S."""
+        deadline = time.monotonic() + MAX_DRAFT_DELAY_S
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline and not self._closing.is_set():
+            if self.pending:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= QUIET_S:
+                return
+            time.sleep(0.02)
 
     @property
     def mode(self) -> str:
@@ -208,9 +225,9 @@ class PairWorker:
             except Exception as exc:  # reported to the client as an error event / status
                 outcome = Outcome(None, "error", str(exc))
                 put(exc)
-            finally:
-                put(done)
+            finally:  # recorded before the consumer sees the end: a response is logged first
                 loop.call_soon_threadsafe(self._finish, outcome, on_done)
+                put(done)
 
         future = loop.run_in_executor(self._pool, run)
         try:
@@ -236,6 +253,7 @@ class PairWorker:
 
     def close(self) -> None:
         """Wait for the running request, then unload (target and draft)."""
+        self._closing.set()
         self._pool.shutdown(wait=True)
         self._loader.join(timeout=60)
         with self._lock:

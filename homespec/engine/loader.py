@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import psutil
@@ -234,9 +235,15 @@ def load_pair(
     return loaded
 
 
-def attach_draft(loaded: LoadedPair, *, measure_peak: bool = False) -> bool:
+def attach_draft(
+    loaded: LoadedPair,
+    *,
+    measure_peak: bool = False,
+    idle: AbstractContextManager[object] | None = None,
+) -> bool:
     """Load the draft the plan has room for and hand it to the runtime; False when the plan
-    (or the pair) has no draft. Call it between requests: the runtime must be idle."""
+    (or the pair) has no draft. The load runs while the target keeps serving; only the
+    hand-over waits for `idle` (the daemon's pair lock: held while a request runs)."""
     rt = loaded.runtime
     if loaded.files.draft is None or loaded.plan.arrangement.draft_gpu_layers is None:
         return False
@@ -247,7 +254,8 @@ def attach_draft(loaded: LoadedPair, *, measure_peak: bool = False) -> bool:
     except Exception as exc:
         rt.draft_unavailable_reason = f"draft failed to load: {exc}"
         raise
-    rt.draft = ModelDrafter(ctx, p_min=rt.spec.draft_p_min)
-    rt.draft_unavailable_reason = ""
+    with idle or nullcontext():
+        rt.draft = ModelDrafter(ctx, p_min=rt.spec.draft_p_min)
+        rt.draft_unavailable_reason = ""
     LOG.info("pair %s: draft attached, speculation available", rt.name)
     return True
