@@ -351,11 +351,11 @@ def compatibility_problems(target: GGUFInfo, draft: GGUFInfo) -> list[str]:
         )
     else:
         n = min(target.vocab_size, draft.vocab_size)
-        t, d = target.tokens, draft.tokens
-        same_bytes = (
-            isinstance(t, TokenTable)
-            and isinstance(d, TokenTable)
-            and t.span(VOCAB_CHECK_START_ID, n) == d.span(VOCAB_CHECK_START_ID, n)
+        tt, dt = target.tokens, draft.tokens
+        same_bytes = (  # one comparison of the stored bytes before walking token by token
+            isinstance(tt, TokenTable)
+            and isinstance(dt, TokenTable)
+            and tt.span(VOCAB_CHECK_START_ID, n) == dt.span(VOCAB_CHECK_START_ID, n)
         )
         for i in range(VOCAB_CHECK_START_ID, 0 if same_bytes else n):
             if _raw_token(target, i) != _raw_token(draft, i):
