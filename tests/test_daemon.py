@@ -307,3 +307,46 @@ def test_non_loopback_bind_without_a_key_is_refused(
                                  str(demo_manifest.path)])  # fmt: skip
     assert r.exit_code == 2
     assert "refusing to listen on 0.0.0.0 without an API key" in r.stderr
+
+
+def test_health_shows_the_target_serving_before_the_draft_attaches(
+    demo_manifest: Manifest, tmp_path: Path
+) -> None:
+    d = start_daemon(demo_manifest_file(demo_manifest, tmp_path), tmp_path, wait=False)
+    seen: list[tuple[str, str, str]] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                h = d.get("/health").json()
+            except httpx.HTTPError:
+                time.sleep(0.05)
+                continue
+            p = h["pairs"]["smollm2"]
+            seen.append((h["status"], p["mode"], p["reason"]))
+            if p["mode"] == "speculative":
+                break
+            time.sleep(0.05)
+    finally:
+        d.stop()
+    assert seen[-1][:2] == ("ready", "speculative"), seen
+    # Before that: serving without the draft (n-gram drafting), and saying why.
+    assert ("ready", "ngram", "draft model still loading") in seen, seen
+    assert seen.index(("ready", "ngram", "draft model still loading")) < len(seen) - 1
+
+
+def test_unknown_model_is_a_404_listing_pairs_when_the_manifest_says_so(
+    demo_manifest: Manifest, tmp_path: Path
+) -> None:
+    from homespec.daemon.service import Daemon as Service
+    from homespec.daemon.service import DaemonConfig, UnknownModel
+    from homespec.manifest import load_manifest
+
+    path = demo_manifest_file(demo_manifest, tmp_path, 'unknown_model = "error"')
+    service = Service(DaemonConfig(load_manifest(path), tmp_path, ["smollm2"]))
+    assert service.resolve("smollm2")[0].name == "smollm2"
+    assert service.resolve(None) == (service.workers["smollm2"], [])
+    with pytest.raises(UnknownModel, match=r"no pair named 'gpt-4o'.*use one of: smollm2"):
+        service.resolve("gpt-4o")
+    with pytest.raises(UnknownModel, match="pair 'smollm2-ngram' is not loaded"):
+        service.resolve("smollm2-ngram")
