@@ -84,7 +84,25 @@ class Machine:
         return free if budget is None else min(free, budget)
 
     def with_budgets(self, budgets: Mapping[str, int]) -> Machine:
-        return replace(self, budgets=dict(budgets))
+        """Caps added per device; where a cap already exists the tighter one stays."""
+        merged = dict(self.budgets)
+        for device, cap in budgets.items():
+            merged[device] = min(cap, merged.get(device, cap))
+        return replace(self, budgets=merged)
+
+    def minus(self, used: Mapping[str, int]) -> Machine:
+        """This machine with `used` bytes per device already taken (by pairs loaded earlier in
+        the same process): less free RAM and VRAM, and less left of each budget."""
+        ram_used = used.get(RAM, 0)
+        ram = replace(
+            self.ram,
+            available=max(0, self.ram.available - ram_used),
+            cgroup_used=None if self.ram.cgroup_limit is None
+            else (self.ram.cgroup_used or 0) + ram_used,
+        )  # fmt: skip
+        gpus = tuple(replace(g, free=max(0, g.free - used.get(g.device, 0))) for g in self.gpus)
+        budgets = {d: max(0, b - used.get(d, 0)) for d, b in self.budgets.items()}
+        return replace(self, ram=ram, gpus=gpus, budgets=budgets)
 
 
 # --- RAM and cgroups ---------------------------------------------------------------------------

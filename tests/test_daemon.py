@@ -350,3 +350,28 @@ def test_unknown_model_is_a_404_listing_pairs_when_the_manifest_says_so(
         service.resolve("gpt-4o")
     with pytest.raises(UnknownModel, match="pair 'smollm2-ngram' is not loaded"):
         service.resolve("smollm2-ngram")
+
+
+def test_two_pairs_that_do_not_fit_together_leave_the_first_serving(
+    demo_manifest: Manifest, tmp_path: Path
+) -> None:
+    """Pairs load one after another, each planned on what the earlier ones left: under a
+    1400 MiB budget the co-loaded demo pair (~880 MiB) fits and the second pair (~680 MiB)
+    cannot, so it is refused with the reason while the daemon stays up."""
+    d = start_daemon(demo_manifest_file(demo_manifest, tmp_path), tmp_path,
+                     "--pair", "smollm2", "--pair", "smollm2-ngram",
+                     env={"HOMESPEC_MEMORY_BUDGET": "ram=1400MiB"}, wait=False)  # fmt: skip
+    try:
+        h = wait_until(d, lambda h: h["pairs"]["smollm2"]["mode"] == "speculative"
+                       and h["pairs"]["smollm2-ngram"]["state"] == "failed")  # fmt: skip
+        assert h["status"] == "degraded"
+        (reason,) = h["reasons"]
+        assert reason.startswith("smollm2-ngram: pair 'smollm2-ngram' does not fit even as")
+        assert "MiB missing" in reason
+        ok = d.post(CHAT, {"model": "smollm2", "messages": user("Hi"), "max_tokens": 8})
+        assert ok.status_code == 200
+        refused = d.post(CHAT, {"model": "smollm2-ngram", "messages": user("Hi")})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["type"] == "pair_unavailable"
+    finally:
+        d.stop()

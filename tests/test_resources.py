@@ -120,3 +120,16 @@ def test_probe_on_this_machine_reads_real_ram() -> None:
     m = probe_machine()
     assert 0 < m.ram.available <= m.ram.total
     assert m.free(RAM) > 0
+
+
+def test_minus_takes_what_earlier_pairs_use_off_free_memory_and_budgets() -> None:
+    gpu = Gpu("cuda0", "RTX", 8 * GiB, 7 * GiB)
+    m = probe_machine(
+        ram=lambda: Ram(total=16 * GiB, available=10 * GiB, cgroup_limit=8 * GiB, cgroup_used=0),
+        cuda=lambda: ([gpu], ""),
+    ).with_budgets({RAM: 6 * GiB})
+    left = m.minus({RAM: 2 * GiB, "cuda0": 3 * GiB})
+    assert left.ram.available == 8 * GiB and left.ram.cgroup_used == 2 * GiB
+    assert left.free(RAM) == 4 * GiB  # the budget, less what is taken
+    assert left.gpus[0].free == 4 * GiB
+    assert left.with_budgets({RAM: 6 * GiB}).free(RAM) == 4 * GiB  # re-applying keeps the tighter

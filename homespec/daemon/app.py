@@ -31,7 +31,13 @@ from homespec.daemon.openai_api import (
     homespec_extra,
     sse,
 )
-from homespec.daemon.service import Daemon, DaemonConfig, NotReady, UnknownModel
+from homespec.daemon.service import (
+    Daemon,
+    DaemonConfig,
+    NotReady,
+    PairUnavailable,
+    UnknownModel,
+)
 from homespec.daemon.worker import Outcome, PairWorker, QueueFull
 from homespec.engine.types import GenerationRequest, GenerationStats
 from homespec.errors import HomespecError, RequestError
@@ -165,6 +171,8 @@ def _refusal(exc: Exception) -> JSONResponse:
         return _error(503, f"{exc}: try again shortly", "server_busy", {"Retry-After": "2"})
     if isinstance(exc, UnknownModel):
         return _error(404, str(exc), "not_found_error", param="model")
+    if isinstance(exc, PairUnavailable):
+        return _error(503, str(exc), "pair_unavailable")
     if isinstance(exc, NotReady):
         return _error(503, str(exc), "server_starting", {"Retry-After": "5"})
     if isinstance(exc, RequestError):
@@ -183,9 +191,16 @@ async def _complete(
     limit = daemon.server.max_tokens_limit
     try:
         worker, notes = daemon.resolve(body.model)
+        if worker.state == "failed":
+            raise PairUnavailable(
+                f"pair {worker.name!r} cannot run: {worker.error}",
+                "see `homespec doctor` and the daemon's log",
+            )
         if worker.state != "ready":
-            why = worker.error or "the target model is still loading"
-            raise NotReady(f"pair {worker.name!r} is not ready: {why}", "retry shortly")
+            raise NotReady(
+                f"pair {worker.name!r} is not ready: the target model is still loading",
+                "retry shortly",
+            )
         cap = body.max_completion_tokens if isinstance(body, ChatCompletionRequest) else None
         asked = cap or body.max_tokens
         if asked is not None and asked > limit:

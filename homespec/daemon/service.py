@@ -6,6 +6,7 @@ Created once per app by `create_app` (no module globals); routes reach it as `ap
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from homespec.daemon.worker import Outcome, PairWorker
 from homespec.engine.types import GenerationRequest
 from homespec.errors import HomespecError
 from homespec.manifest import Manifest
+from homespec.pairs import machine_budgets
 from homespec.reqlog import LOG_NAME, RequestLog
 from homespec.resources import Machine
 
@@ -30,6 +32,10 @@ class UnknownModel(HomespecError):
 
 
 class NotReady(HomespecError):
+    exit_code = 1
+
+
+class PairUnavailable(HomespecError):
     exit_code = 1
 
 
@@ -50,20 +56,35 @@ class Daemon:
         self.log = RequestLog(config.state_dir / LOG_NAME)
         self.started_at = time.time()
         self._announced = False
+        self._closing = False
         self.workers = {
             name: PairWorker(
                 config.manifest,
                 name,
                 max_queue=self.server.max_queue,
-                machine=config.machine,
                 on_ready=self._on_ready,
             )
             for name in config.pairs
         }
 
     def start(self) -> None:
+        """Load the pairs in the background, one after another (the app answers /health
+        meanwhile): each pair is planned on what the earlier ones left, so two pairs that do
+        not fit together degrade or refuse instead of overcommitting the box."""
+        threading.Thread(target=self._load_all, name="homespec-loader", daemon=True).start()
+
+    def _load_all(self) -> None:
+        from homespec.engine.loader import probe
+
+        manifest = self.config.manifest
+        machine = machine_budgets(manifest, self.config.machine or probe())
+        taken: dict[str, int] = {}
         for w in self.workers.values():
-            w.start()
+            if self._closing:
+                return
+            if w.load_target(machine.minus(taken)) and w.loaded is not None:
+                for use in w.loaded.plan.devices:
+                    taken[use.device] = taken.get(use.device, 0) + use.need
 
     def _on_ready(self, worker: PairWorker) -> None:
         if not self._announced:
@@ -71,6 +92,7 @@ class Daemon:
             notify(f"READY=1\nSTATUS=serving pair {worker.name} (draft loading)")
 
     def close(self) -> None:
+        self._closing = True
         notify("STOPPING=1\nSTATUS=draining requests, then unloading models")
         for w in self.workers.values():
             w.close()

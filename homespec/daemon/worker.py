@@ -57,13 +57,11 @@ class PairWorker:
         name: str,
         *,
         max_queue: int,
-        machine: Machine | None = None,
         on_ready: Callable[[PairWorker], None] | None = None,
     ) -> None:
         self.manifest = manifest
         self.name = name
         self.max_queue = max_queue
-        self.machine = machine
         self.on_ready = on_ready
         self.state = "starting"
         self.error = ""
@@ -71,46 +69,55 @@ class PairWorker:
         self.pending = 0  # waiting + running; touched only on the event loop
         self.served = 0
         self.recent: deque[tuple[int, int]] = deque(maxlen=ROLLING)  # (proposed, accepted)
-        self.started_at = time.time()
+        self.started_at = time.perf_counter()
         self.ready_after_s: float | None = None
         self.speculative_after_s: float | None = None
         self._lock = threading.Lock()  # held while generating or attaching the draft
         self._closing = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pair-{name}")
-        self._loader = threading.Thread(target=self._load, name=f"load-{name}", daemon=True)
+        self._drafter = threading.Thread(
+            target=self._attach_draft, name=f"draft-{name}", daemon=True
+        )
 
     # --- loading ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._loader.start()
-
-    def _load(self) -> None:
+    def load_target(self, machine: Machine) -> bool:
+        """Plan against `machine` and load the target (blocking; the daemon loads pairs one
+        after another so each plan sees what the earlier ones took). On success the pair
+        serves, and the draft loads on the pair's own thread once requests let it."""
         t0 = time.perf_counter()
         try:
-            self.loaded = load_pair(
-                self.manifest, self.name, load_draft=False, machine=self.machine
-            )
+            self.loaded = load_pair(self.manifest, self.name, load_draft=False, machine=machine)
         except HomespecError as err:
             self.state, self.error = "failed", str(err)
             LOG.error("pair %s failed to load: %s", self.name, err)
-            return
+            return False
         except Exception as exc:  # never take the daemon down: report it on /health
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
             LOG.exception("pair %s failed to load", self.name)
-            return
-        self.ready_after_s = time.perf_counter() - t0
+            return False
+        self.ready_after_s = time.perf_counter() - self.started_at
         self.state = "ready"
-        LOG.info("pair %s: target ready after %.1f s, serving", self.name, self.ready_after_s)
+        LOG.info(
+            "pair %s: target ready after %.1f s (loaded in %.1f s), serving", self.name,
+            self.ready_after_s, time.perf_counter() - t0,
+        )  # fmt: skip
         if self.on_ready:
             self.on_ready(self)
+        self._drafter.start()
+        return True
+
+    def _attach_draft(self) -> None:
         self._wait_for_quiet()
+        if self._closing.is_set() or self.loaded is None:
+            return
         try:  # loads while the target serves; hands over between requests
             attached = attach_draft(self.loaded, idle=self._lock)
         except Exception as exc:
             LOG.error("pair %s: draft failed to load, n-gram drafting only: %s", self.name, exc)
             return
         if attached:
-            self.speculative_after_s = time.perf_counter() - t0
+            self.speculative_after_s = time.perf_counter() - self.started_at
             LOG.info(
                 "pair %s: draft attached after %.1f s, speculative", self.name,
                 self.speculative_after_s,
@@ -255,7 +262,8 @@ class PairWorker:
         """Wait for the running request, then unload (target and draft)."""
         self._closing.set()
         self._pool.shutdown(wait=True)
-        self._loader.join(timeout=60)
+        if self._drafter.is_alive():
+            self._drafter.join(timeout=60)
         with self._lock:
             if self.loaded is not None:
                 self.loaded.close()
