@@ -180,7 +180,7 @@ def ask(
         assert stats is not None
         result = stats.to_dict()
         result["pair"] = loaded.runtime.name
-        result["plan"] = {k: loaded.plan.to_dict()[k] for k in ("rung", "mode", "reason", "n_ctx")}
+        result["plan"] = loaded.plan.summary()
         if as_json:
             payload = {"text": "".join(parts), "stats": result, "via": "in-process"}
             click.echo(json.dumps(payload, ensure_ascii=False))

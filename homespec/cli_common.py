@@ -35,7 +35,7 @@ class StderrHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             click.echo(self.format(record), err=True)
-        except Exception:
+        except (OSError, ValueError, TypeError):  # a closed stream, a bad %-format
             self.handleError(record)
 
 

@@ -58,7 +58,7 @@ def serve(
         logging.getLogger("homespec").setLevel(logging.INFO)
 
     manifest = load_manifest(config)
-    daemon_config, _ = build(
+    daemon_config = build(
         manifest, host=host, pairs=list(pairs), state=state_dir, key_file=api_key_file
     )
     err(f"homespec: serving {', '.join(daemon_config.pairs)} on http://{host}:{port}")

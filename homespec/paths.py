@@ -1,4 +1,4 @@
-"""Where homespec keeps its own files (caches, derived models' bookkeeping)."""
+"""Where homespec keeps its own files (caches, derived models' bookkeeping, the request log)."""
 
 from __future__ import annotations
 
@@ -6,31 +6,25 @@ import os
 from pathlib import Path
 
 HOME_ENV = "HOMESPEC_HOME"
+STATE_ENV = "HOMESPEC_STATE_DIR"
 
 
-def home_dir() -> Path:
-    """$HOMESPEC_HOME, else $XDG_DATA_HOME/homespec, else ~/.local/share/homespec (created)."""
-    explicit = os.environ.get(HOME_ENV)
-    if explicit:
-        base = Path(explicit).expanduser()
+def _directory(chosen: str | os.PathLike[str] | None, xdg_var: str, xdg_default: str) -> Path:
+    """`chosen`, else $`xdg_var`/homespec, else `xdg_default`/homespec (created)."""
+    if chosen:
+        base = Path(chosen).expanduser()
     else:
-        xdg = os.environ.get("XDG_DATA_HOME") or "~/.local/share"
-        base = Path(xdg).expanduser() / "homespec"
+        base = Path(os.environ.get(xdg_var) or xdg_default).expanduser() / "homespec"
     base.mkdir(parents=True, exist_ok=True)
     return base
 
 
-STATE_ENV = "HOMESPEC_STATE_DIR"
+def home_dir() -> Path:
+    """$HOMESPEC_HOME, else $XDG_DATA_HOME/homespec, else ~/.local/share/homespec (created)."""
+    return _directory(os.environ.get(HOME_ENV), "XDG_DATA_HOME", "~/.local/share")
 
 
 def state_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     """Where the daemon keeps its request log: --state-dir, $HOMESPEC_STATE_DIR, else
     $XDG_STATE_HOME/homespec, else ~/.local/state/homespec (created)."""
-    chosen = explicit or os.environ.get(STATE_ENV)
-    if chosen:
-        base = Path(chosen).expanduser()
-    else:
-        xdg = os.environ.get("XDG_STATE_HOME") or "~/.local/state"
-        base = Path(xdg).expanduser() / "homespec"
-    base.mkdir(parents=True, exist_ok=True)
-    return base
+    return _directory(explicit or os.environ.get(STATE_ENV), "XDG_STATE_HOME", "~/.local/state")

@@ -204,6 +204,11 @@ class PairPlan:
     def runnable(self) -> bool:
         return self.mode != "refused"
 
+    def summary(self) -> dict[str, Any]:
+        """The short form requests and status carry: rung, mode, reason, context."""
+        a = self.arrangement
+        return {"rung": a.rung, "mode": a.mode, "reason": self.reason, "n_ctx": a.n_ctx}
+
     def to_dict(self) -> dict[str, Any]:
         a = self.arrangement
         return {

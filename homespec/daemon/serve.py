@@ -53,7 +53,7 @@ def build(
     pairs: list[str],
     state: str | None,
     key_file: Path | None,
-) -> tuple[DaemonConfig, str | None]:
+) -> DaemonConfig:
     key = read_api_key(key_file)
     if not is_loopback(host) and not key:
         raise ConfigError(
@@ -64,9 +64,7 @@ def build(
     names = pairs or manifest.spec.server.pairs or [manifest.default_pair]
     for name in names:
         manifest.pair(name)
-    return DaemonConfig(
-        manifest=manifest, state_dir=state_dir(state), pairs=names, api_key=key
-    ), key
+    return DaemonConfig(manifest=manifest, state_dir=state_dir(state), pairs=names, api_key=key)
 
 
 def run(config: DaemonConfig, *, host: str, port: int) -> None:

@@ -22,7 +22,6 @@ from homespec.errors import HomespecError
 from homespec.manifest import Manifest
 from homespec.pairs import machine_budgets
 from homespec.reqlog import LOG_NAME, RequestLog
-from homespec.resources import Machine
 
 LOG = logging.getLogger("homespec.daemon")
 
@@ -45,7 +44,6 @@ class DaemonConfig:
     state_dir: Path
     pairs: list[str]
     api_key: str | None = None
-    machine: Machine | None = None  # None: probe (tests may pass a budgeted machine)
 
 
 class Daemon:
@@ -77,7 +75,7 @@ class Daemon:
         from homespec.engine.loader import probe
 
         manifest = self.config.manifest
-        machine = machine_budgets(manifest, self.config.machine or probe())
+        machine = machine_budgets(manifest, probe())
         taken: dict[str, int] = {}
         for w in self.workers.values():
             if self._closing:
@@ -205,7 +203,7 @@ class Daemon:
         }
         if w.loaded is not None:
             plan = w.loaded.plan
-            out["plan"] = {k: plan.to_dict()[k] for k in ("rung", "mode", "reason", "n_ctx")}
+            out["plan"] = plan.summary()
             out["memory"] = {
                 check.role: {"predicted": check.predicted, "measured_after_load": check.measured}
                 for check in w.loaded.memory

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from homespec.engine.generate import generate, prompt_tokens
-from homespec.engine.loader import DRAFT_LOADING, LoadedPair, attach_draft, load_pair
+from homespec.engine.loader import LoadedPair, attach_draft, load_pair
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
 from homespec.errors import HomespecError, RequestError
 from homespec.manifest import Manifest
@@ -35,10 +35,6 @@ class QueueFull(Exception):
     def __init__(self, pair: str, limit: int) -> None:
         super().__init__(f"pair {pair!r} already has {limit} requests waiting or running")
         self.pair = pair
-
-
-class Cancelled(Exception):
-    """The client went away; generation stopped."""
 
 
 @dataclass
@@ -165,12 +161,6 @@ class PairWorker:
         rt = self.loaded.runtime
         return self.loaded.plan.degraded or rt.draft_unavailable_reason.startswith("draft failed")
 
-    @property
-    def draft_loading(self) -> bool:
-        return self.loaded is not None and self.loaded.runtime.draft_unavailable_reason == (
-            DRAFT_LOADING
-        )
-
     def rolling_accept_rate(self) -> float | None:
         proposed = sum(p for p, _ in self.recent)
         return sum(a for _, a in self.recent) / proposed if proposed else None
@@ -236,7 +226,7 @@ class PairWorker:
                 loop.call_soon_threadsafe(self._finish, outcome, on_done)
                 put(done)
 
-        future = loop.run_in_executor(self._pool, run)
+        loop.run_in_executor(self._pool, run)  # run() never raises: it reports its outcome
         try:
             while True:
                 item = await queue.get()
@@ -246,10 +236,8 @@ class PairWorker:
                     raise item
                 yield item
         finally:
-            # A consumer that left early (client disconnect) stops generation at the next step;
-            # the thread then reports the outcome itself (run() never raises).
+            # A consumer that left early (client disconnect) stops generation at the next step.
             cancel.set()
-            del future
 
     def _finish(self, outcome: Outcome, on_done: Callable[[Outcome], None]) -> None:
         self.pending -= 1
