@@ -71,6 +71,12 @@ class ModelSpec(_Strict):
         description='"module:function" that writes the file to `path` (after `pip`)',
     )
     derive: DeriveSpec | None = None
+    repack: bool | None = Field(
+        None,
+        description="let llama.cpp repack quantized weights for this CPU (AMX, ARM layouts): "
+        "unset = a canary decode decides once per machine (repacking crashes on some CPUs "
+        "with AMX); false = never; true = always, without the canary",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:

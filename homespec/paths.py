@@ -7,6 +7,7 @@ from pathlib import Path
 
 HOME_ENV = "HOMESPEC_HOME"
 STATE_ENV = "HOMESPEC_STATE_DIR"
+CACHE_ENV = "HOMESPEC_CACHE_DIR"
 
 
 def _directory(chosen: str | os.PathLike[str] | None, xdg_var: str, xdg_default: str) -> Path:
@@ -28,3 +29,11 @@ def state_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     """Where the daemon keeps its request log: --state-dir, $HOMESPEC_STATE_DIR, else
     $XDG_STATE_HOME/homespec, else ~/.local/state/homespec (created)."""
     return _directory(explicit or os.environ.get(STATE_ENV), "XDG_STATE_HOME", "~/.local/state")
+
+
+def cache_dir() -> Path:
+    """Facts about this machine worth remembering (the canary's verdicts): $HOMESPEC_CACHE_DIR,
+    else $CACHE_DIRECTORY (systemd's CacheDirectory=), else $XDG_CACHE_HOME/homespec, else
+    ~/.cache/homespec (created)."""
+    chosen = os.environ.get(CACHE_ENV) or os.environ.get("CACHE_DIRECTORY")
+    return _directory(chosen, "XDG_CACHE_HOME", "~/.cache")

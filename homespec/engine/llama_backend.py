@@ -15,6 +15,7 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 
+from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.types import Message
 from homespec.errors import EngineError, RequestError
 
@@ -68,14 +69,33 @@ def supports_gpu_offload() -> bool:
 
 
 class LlamaModel:
-    """Weights and vocabulary of one GGUF file."""
+    """Weights and vocabulary of one GGUF file.
 
-    def __init__(self, path: Path, *, gpu_layers: int = 0) -> None:
+    `repack`: let llama.cpp repack quantized weights into its CPU extra buffer types (AMX,
+    AArch64 layouts). On some CPUs with AMX the repacked matrix multiply segfaults (llama.cpp
+    issue 20824); the canary (engine/canary.py) finds out and turns it off for that model.
+    `crash_site` records that this process is inside llama.cpp's loader (see crashsite.py).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        gpu_layers: int = 0,
+        repack: bool = True,
+        crash_site: CrashSite | None = None,
+        load_site: Site = Site.LOAD_TARGET,
+    ) -> None:
         init_backend()
         params = lc.llama_model_default_params()
         params.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
+        params.use_extra_bufts = repack
         self.path = path
+        self.repack = repack
+        site = crash_site or CrashSite()
+        site.mark(load_site)
         self._model = lc.llama_model_load_from_file(str(path).encode(), params)
+        site.mark(Site.IDLE)
         if not self._model:
             raise EngineError(
                 f"llama.cpp could not load {path}",
@@ -173,6 +193,8 @@ class LlamaContext:
         threads: int,
         flash_attn: bool | None = None,
         n_outputs_max: int = 1,
+        crash_site: CrashSite | None = None,
+        decode_site: Site = Site.TARGET,
     ) -> None:
         """`flash_attn`: None leaves it to llama.cpp ("auto"), else forces it on or off.
 
@@ -198,7 +220,11 @@ class LlamaContext:
         self.model = model
         self.n_ctx = n_ctx
         self.n_batch = n_batch
+        self._site = crash_site or CrashSite()
+        self._decode_site = decode_site
+        self._site.mark(Site.LOAD_DRAFT if decode_site == Site.DRAFT else Site.LOAD_TARGET)
         self._ctx = lc.llama_init_from_model(model._model, params)
+        self._site.mark(Site.IDLE)
         if not self._ctx:
             raise EngineError(
                 f"llama.cpp could not create a {n_ctx}-token context for {model.path.name}",
@@ -212,6 +238,12 @@ class LlamaContext:
         if n < len(self.tokens):
             if not lc.llama_memory_seq_rm(self._mem, 0, n, -1):
                 # Recurrent state cannot drop a suffix: start over (the engine avoids this path).
+                LOG.warning(
+                    "%s: llama.cpp could not drop positions %d.. from the cache; "
+                    "clearing it (the next decode re-reads the whole history)",
+                    self.model.path.name,
+                    n,
+                )
                 lc.llama_memory_clear(self._mem, True)
                 n = 0
             del self.tokens[n:]
@@ -253,7 +285,9 @@ class LlamaContext:
             b.seq_id[i][0] = 0
             b.logits[i] = pos >= first_logit
         b.n_tokens = end - start
+        self._site.mark(self._decode_site)
         rc = lc.llama_decode(self._ctx, b)
+        self._site.mark(Site.IDLE)
         if rc != 0:
             self._keep(start)
             raise EngineError(

@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psutil
 
+from homespec.engine import repack
+from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
 from homespec.engine.llama_backend import (
@@ -85,6 +87,7 @@ class Held:
     contexts: list[LlamaContext] = field(default_factory=list)
     load_ms: dict[str, float] = field(default_factory=dict)
     memory: list[MemoryCheck] = field(default_factory=list)
+    repack: dict[str, repack.Verdict] = field(default_factory=dict)  # by role
 
     def close(self) -> None:
         _close(self.contexts, self.models)
@@ -98,6 +101,8 @@ class LoadedPair:
     files: PairFiles
     plan: PairPlan
     held: Held
+    manifest: Manifest
+    crash_site: CrashSite
 
     @property
     def load_ms(self) -> dict[str, float]:
@@ -137,17 +142,37 @@ def _footprint(files: PairFiles, a: Arrangement, role: str) -> Footprint:
 
 
 def _load_model(
-    files: PairFiles, the_plan: PairPlan, pair: PairSpec, held: Held, role: str, measure_peak: bool
+    manifest: Manifest,
+    files: PairFiles,
+    the_plan: PairPlan,
+    held: Held,
+    role: str,
+    *,
+    site: CrashSite,
+    measure_peak: bool,
 ) -> LlamaContext:
-    """Load one model of the pair and its context per the plan; record time and memory."""
+    """Load one model of the pair and its context per the plan (repacking as the canary
+    says); record time and memory."""
+    pair = manifest.pair(files.name)[1]
     a = the_plan.arrangement
     info = files.target if role == "target" else files.draft
     assert info is not None
     gpu_layers = a.target_gpu_layers if role == "target" else a.draft_gpu_layers
     assert gpu_layers is not None
+    name = pair.target if role == "target" else pair.draft
+    verdict = repack.decide(
+        name, info.path, gpu_layers=gpu_layers, override=manifest.spec.models[name].repack
+    )
+    held.repack[role] = verdict
     before = _used(a.gpu)
     t0 = time.perf_counter()
-    model = LlamaModel(info.path, gpu_layers=gpu_layers)
+    model = LlamaModel(
+        info.path,
+        gpu_layers=gpu_layers,
+        repack=verdict.repack,
+        crash_site=site,
+        load_site=Site.LOAD_TARGET if role == "target" else Site.LOAD_DRAFT,
+    )
     held.models.append(model)
     ctx = LlamaContext(
         model,
@@ -156,6 +181,8 @@ def _load_model(
         threads=pair.threads or default_threads(),
         flash_attn=flash_attention(pair, on_gpu=a.gpu is not None and a.target_gpu_layers > 0),
         n_outputs_max=a.n_outputs if role == "target" else 1,
+        crash_site=site,
+        decode_site=Site.TARGET if role == "target" else Site.DRAFT,
     )
     held.contexts.append(ctx)
     held.load_ms[role] = (time.perf_counter() - t0) * 1000.0
@@ -192,12 +219,19 @@ def load_pair(
     load_draft: bool = True,
     machine: Machine | None = None,
     measure_peak: bool = False,
+    without_draft: str = "",
+    crash_site: CrashSite | None = None,
 ) -> LoadedPair:
     """Check the files (inspect_pair), plan against `machine` (probed when None), then load the
     target and, when the plan has room for it and `load_draft`, the draft (else attach_draft()
     loads it later: the daemon serves plain decoding meanwhile). `measure_peak` fills each
-    context once so the memory check sees the worst case (doctor --measure, bench)."""
+    context once so the memory check sees the worst case (doctor --measure, bench).
+    `without_draft`: plan and load the pair as if it had no draft model, for this reason (the
+    engine crashed in the draft's code); requests then say so. `crash_site`: where this
+    process marks the native work it does (the engine child's shared marker)."""
     files = inspect_pair(manifest, name)
+    if without_draft and files.draft is not None:
+        files = replace(files, draft=None, draft_skip_reason=without_draft)
     name, pair = manifest.pair(files.name)
     the_plan = plan(manifest, files, machine or probe())
     if not the_plan.runnable:
@@ -215,8 +249,11 @@ def load_pair(
     if the_plan.mode == "plain" and the_plan.degraded:
         plain_only = f"memory: plain decoding only ({the_plan.shortfall})"
     held = Held()
+    site = crash_site or CrashSite()
     try:
-        target_ctx = _load_model(files, the_plan, pair, held, "target", measure_peak)
+        target_ctx = _load_model(
+            manifest, files, the_plan, held, "target", site=site, measure_peak=measure_peak
+        )
         runtime = PairRuntime(
             name=name,
             spec=pair,
@@ -226,7 +263,7 @@ def load_pair(
             draft_unavailable_reason=unavailable,
             plain_only_reason=plain_only,
         )
-        loaded = LoadedPair(runtime, files, the_plan, held)
+        loaded = LoadedPair(runtime, files, the_plan, held, manifest, site)
         if load_draft:
             attach_draft(loaded, measure_peak=measure_peak)
     except BaseException:
@@ -250,7 +287,10 @@ def attach_draft(
     if rt.draft is not None:
         return True
     try:
-        ctx = _load_model(loaded.files, loaded.plan, rt.spec, loaded.held, "draft", measure_peak)
+        ctx = _load_model(
+            loaded.manifest, loaded.files, loaded.plan, loaded.held, "draft",
+            site=loaded.crash_site, measure_peak=measure_peak,
+        )  # fmt: skip
     except Exception as exc:
         rt.draft_unavailable_reason = f"draft failed to load: {exc}"
         raise
