@@ -11,6 +11,7 @@ Anything else escaping is a bug and keeps its traceback.
     ├── OutOfMemoryError     no arrangement of the pair fits the memory there is (says how much)
     ├── RequestError         a request cannot be served as asked (e.g. prompt over the context)
     ├── EngineError          llama.cpp refused to load a model, create a context or decode
+    │   └── EngineCrashed    the pair's engine process died (segfault, abort, OOM kill)
     └── SetupError           getting or deriving a demo model failed
 """
 
@@ -57,3 +58,7 @@ class EngineError(HomespecError):
 
 class SetupError(HomespecError):
     exit_code = 1
+
+
+class EngineCrashed(EngineError):
+    """A pair's engine process died (a native crash, an out-of-memory kill) mid-request."""

@@ -198,6 +198,12 @@ class ServerSpec(_Strict):
     shutdown_timeout_s: float = Field(
         30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish"
     )
+    engine_crash_limit: int = Field(
+        3, ge=1, le=100, description="engine deaths within engine_crash_window_s that fail a pair"
+    )
+    engine_crash_window_s: float = Field(
+        600.0, gt=0, description="the window engine_crash_limit counts deaths in"
+    )
 
 
 class ManifestSpec(_Strict):

@@ -7,7 +7,6 @@ are no module-level globals. Client mistakes get a 4xx with OpenAI's error envel
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -40,7 +39,7 @@ from homespec.daemon.service import (
 )
 from homespec.daemon.worker import Outcome, PairWorker, QueueFull
 from homespec.engine.types import GenerationRequest, GenerationStats
-from homespec.errors import HomespecError, RequestError
+from homespec.errors import EngineCrashed, HomespecError, RequestError
 
 LOG = logging.getLogger("homespec.daemon")
 OPEN_PATHS = ("/health",)
@@ -91,7 +90,7 @@ def create_app(config: DaemonConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         daemon.start()
         yield
-        daemon.close()  # after uvicorn has drained the in-flight requests
+        await daemon.close()  # after uvicorn has drained the in-flight requests
 
     app = FastAPI(title="homespec", version=__version__, lifespan=lifespan)
     app.state.daemon = daemon
@@ -139,7 +138,7 @@ def create_app(config: DaemonConfig) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         for w in daemon.workers.values():
-            daemon.metrics.set_state(w.name, w.mode, w.pending)
+            daemon.metrics.set_state(w.name, w.mode, w.pending, len(w.deaths), w.rss())
         return Response(daemon.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/homespec/status")
@@ -166,19 +165,28 @@ def create_app(config: DaemonConfig) -> FastAPI:
     return app
 
 
-def _refusal(exc: Exception) -> JSONResponse:
+def error_kind(exc: Exception) -> tuple[int, str, dict[str, str]]:
+    """HTTP status, OpenAI error type and headers for an error, streaming or not."""
     if isinstance(exc, QueueFull):
-        return _error(503, f"{exc}: try again shortly", "server_busy", {"Retry-After": "2"})
+        return 503, "server_busy", {"Retry-After": "2"}
     if isinstance(exc, UnknownModel):
-        return _error(404, str(exc), "not_found_error", param="model")
+        return 404, "not_found_error", {}
     if isinstance(exc, PairUnavailable):
-        return _error(503, str(exc), "pair_unavailable")
+        return 503, "pair_unavailable", {}
     if isinstance(exc, NotReady):
-        return _error(503, str(exc), "server_starting", {"Retry-After": "5"})
+        return 503, "server_starting", {"Retry-After": "5"}
+    if isinstance(exc, EngineCrashed):
+        return 503, "engine_crashed", {"Retry-After": "2"}
     if isinstance(exc, RequestError):
-        return _error(400, str(exc), "invalid_request_error")
-    assert isinstance(exc, HomespecError)
-    return _error(500, str(exc), "server_error")
+        return 400, "invalid_request_error", {}
+    return 500, "server_error", {}
+
+
+def _refusal(exc: Exception) -> JSONResponse:
+    status, kind, headers = error_kind(exc)
+    message = f"{exc}: try again shortly" if isinstance(exc, QueueFull) else str(exc)
+    param = "model" if isinstance(exc, UnknownModel) else None
+    return _error(status, message, kind, headers, param=param)
 
 
 async def _complete(
@@ -196,6 +204,8 @@ async def _complete(
                 f"pair {worker.name!r} cannot run: {worker.error}",
                 "see `homespec doctor` and the daemon's log",
             )
+        if worker.state == "restarting":
+            raise NotReady(f"pair {worker.name!r} is restarting: {worker.reason}", "retry shortly")
         if worker.state != "ready":
             raise NotReady(
                 f"pair {worker.name!r} is not ready: the target model is still loading",
@@ -207,12 +217,13 @@ async def _complete(
             raise RequestError(f"max_tokens {asked} is over this daemon's limit of {limit}",
                                "ask for fewer tokens (server.max_tokens_limit)")  # fmt: skip
         req = body.to_generation(default_max_tokens=min(limit, 1024))
-        await asyncio.to_thread(worker.check_prompt, req)  # tokenizing is blocking work
+        await worker.check_prompt(req)
         worker.admit()
     except (HomespecError, QueueFull) as exc:
         response = _refusal(exc)
         response.headers["X-Request-Id"] = rid
         return response
+    notes = [*notes, *worker.notes()]
     env = Envelope(kind, rid, worker.name)
     endpoint = "chat.completions" if kind == "chat" else "completions"
 
@@ -226,7 +237,7 @@ async def _complete(
     text: list[str] = []
     stats: GenerationStats | None = None
     try:
-        async for item in worker.stream(req, on_done):
+        async for item in worker.stream(rid, req, on_done):
             if isinstance(item, GenerationStats):
                 stats = item
             else:
@@ -252,14 +263,14 @@ async def _sse(
 ) -> AsyncIterator[str]:
     first = True
     try:
-        async for item in worker.stream(req, on_done):
+        async for item in worker.stream(env.id, req, on_done):
             if isinstance(item, GenerationStats):
                 yield env.last_chunk(item, homespec_extra(item, worker.name, notes))
             elif item.text:
                 yield env.chunk(item.text, first=first)
                 first = False
     except HomespecError as exc:
-        yield sse(error_body(str(exc), "invalid_request_error"))
+        yield sse(error_body(str(exc), error_kind(exc)[1]))
     except Exception as exc:  # the headers are out: report in-band, never a broken stream
         LOG.exception("stream %s failed", env.id)
         yield sse(error_body(f"generation failed: {exc}", "server_error"))

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from homespec.engine.types import GenerationStats
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-MODES = ("speculative", "ngram", "plain", "loading", "failed")
+MODES = ("speculative", "ngram", "plain", "loading", "restarting", "failed")
 
 
 class Metrics:
@@ -48,6 +48,16 @@ class Metrics:
         self.queue = Gauge(
             "homespec_queue_depth", "Requests waiting or running per pair", ["pair"], registry=r
         )
+        self.deaths = Gauge(
+            "homespec_engine_deaths",
+            "Times the pair's engine process died (crash, kill) since the daemon started",
+            ["pair"],
+            registry=r,
+        )
+        self.rss = Gauge(
+            "homespec_engine_rss_bytes", "Resident memory of the pair's engine process", ["pair"],
+            registry=r,
+        )  # fmt: skip
 
     def observe(self, pair: str, mode: str, outcome: str, stats: GenerationStats | None) -> None:
         self.requests.labels(pair, mode, outcome).inc()
@@ -63,10 +73,14 @@ class Metrics:
         self.ttft.labels(pair).observe(stats.ttft_ms / 1000.0)
         self.e2e.labels(pair).observe(stats.e2e_ms / 1000.0)
 
-    def set_state(self, pair: str, mode: str, queue_depth: int) -> None:
+    def set_state(
+        self, pair: str, mode: str, queue_depth: int, deaths: int, rss: int | None
+    ) -> None:
         for m in MODES:
             self.mode.labels(pair, m).set(1 if m == mode else 0)
         self.queue.labels(pair).set(queue_depth)
+        self.deaths.labels(pair).set(deaths)
+        self.rss.labels(pair).set(rss or 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

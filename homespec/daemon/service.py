@@ -5,8 +5,8 @@ Created once per app by `create_app` (no module globals); routes reach it as `ap
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from homespec.errors import HomespecError
 from homespec.manifest import Manifest
 from homespec.pairs import machine_budgets
 from homespec.reqlog import LOG_NAME, RequestLog
+from homespec.resources import Machine
 
 LOG = logging.getLogger("homespec.daemon")
 
@@ -55,45 +56,56 @@ class Daemon:
         self.started_at = time.time()
         self._announced = False
         self._closing = False
+        self._base: Machine | None = None  # the first engine's probe, budgets applied
+        self._loader: asyncio.Task[None] | None = None
         self.workers = {
             name: PairWorker(
                 config.manifest,
                 name,
                 max_queue=self.server.max_queue,
+                machine_for=self._machine_for,
                 on_ready=self._on_ready,
             )
             for name in config.pairs
         }
 
     def start(self) -> None:
-        """Load the pairs in the background, one after another (the app answers /health
-        meanwhile): each pair is planned on what the earlier ones left, so two pairs that do
-        not fit together degrade or refuse instead of overcommitting the box."""
-        threading.Thread(target=self._load_all, name="homespec-loader", daemon=True).start()
+        """Start the pairs' engines in the background, one after another (the app answers
+        /health meanwhile): each pair is planned on what the earlier ones left, so two pairs
+        that do not fit together degrade or refuse instead of overcommitting the box."""
+        self._loader = asyncio.get_running_loop().create_task(self._load_all())
 
-    def _load_all(self) -> None:
-        from homespec.engine.loader import probe
-
-        manifest = self.config.manifest
-        machine = machine_budgets(manifest, probe())
-        taken: dict[str, int] = {}
+    async def _load_all(self) -> None:
         for w in self.workers.values():
             if self._closing:
                 return
-            if w.load_target(machine.minus(taken)) and w.loaded is not None:
-                for use in w.loaded.plan.devices:
+            await w.start()
+
+    def _machine_for(self, worker: PairWorker) -> Machine | None:
+        """The first probe less what the other pairs' plans hold (None: let the engine probe;
+        the daemon itself never loads llama.cpp)."""
+        if self._base is None:
+            return None
+        taken: dict[str, int] = {}
+        for w in self.workers.values():
+            if w is not worker and w.info is not None:
+                for use in w.info.plan.devices:
                     taken[use.device] = taken.get(use.device, 0) + use.need
+        return self._base.minus(taken)
 
     def _on_ready(self, worker: PairWorker) -> None:
+        if self._base is None and worker.probed is not None:
+            self._base = machine_budgets(self.config.manifest, worker.probed)
         if not self._announced:
             self._announced = True
             notify(f"READY=1\nSTATUS=serving pair {worker.name} (draft loading)")
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self._closing = True
         notify("STOPPING=1\nSTATUS=draining requests, then unloading models")
-        for w in self.workers.values():
-            w.close()
+        if self._loader is not None:
+            self._loader.cancel()
+        await asyncio.gather(*(w.close() for w in self.workers.values()))
         LOG.info("models unloaded")
 
     # --- routing ---------------------------------------------------------------------------
@@ -143,6 +155,7 @@ class Daemon:
             "speculative_requested": req.speculative,
             "outcome": outcome.status,
             "error": outcome.error or None,
+            "signal": outcome.signal or None,
             "notes": notes or None,
         }
         if s is not None:
@@ -165,14 +178,17 @@ class Daemon:
         states = [w.state for w in self.workers.values()]
         reasons = [f"{w.name}: {w.reason}" for w in self.workers.values() if w.degraded]
         if "ready" not in states:
-            status = "failed" if all(s == "failed" for s in states) else "starting"
+            if all(s == "failed" for s in states):
+                status = "failed"
+            else:
+                status = "restarting" if "restarting" in states else "starting"
         else:
             status = "degraded" if reasons else "ready"
         return {
             "status": status,
             "reasons": reasons,
             "pairs": {
-                w.name: {"state": w.state, "mode": w.mode, "reason": w.reason}
+                w.name: {"state": str(w.state), "mode": w.mode, "reason": w.reason}
                 for w in self.workers.values()
             },
         }
@@ -190,7 +206,7 @@ class Daemon:
     def _pair_status(self, w: PairWorker) -> dict[str, Any]:
         out: dict[str, Any] = {
             "name": w.name,
-            "state": w.state,
+            "state": str(w.state),
             "mode": w.mode,
             "reason": w.reason,
             "degraded": w.degraded,
@@ -200,13 +216,20 @@ class Daemon:
             "rolling_accept_rate": w.rolling_accept_rate(),
             "ready_after_s": w.ready_after_s,
             "speculative_after_s": w.speculative_after_s,
+            "engine": {
+                "pid": w.pid,
+                "rss": w.rss(),
+                "deaths": [{"signal": d.signal, "site": d.site.label} for d in w.deaths],
+                "last_incident": w.incident or None,
+            },
         }
-        if w.loaded is not None:
-            plan = w.loaded.plan
+        if w.info is not None:
+            info = w.info
+            plan = info.plan
             out["plan"] = plan.summary()
             out["memory"] = {
                 check.role: {"predicted": check.predicted, "measured_after_load": check.measured}
-                for check in w.loaded.memory
+                for check in info.memory
             }
             out["memory_planned"] = {
                 d.device: {
@@ -218,8 +241,12 @@ class Daemon:
                 for d in plan.devices
             }
             out["models"] = {
-                "target": w.loaded.files.target.path.name,
-                "draft": w.loaded.files.draft.path.name if w.loaded.files.draft else None,
-                "draft_loaded": w.loaded.runtime.draft is not None,
+                "target": info.target_file,
+                "draft": info.draft_file,
+                "draft_loaded": info.draft_loaded,
+            }
+            out["repack"] = {
+                role: {"repack": v.repack, "source": v.source, "note": v.note or None}
+                for role, v in info.repack.items()
             }
         return out

@@ -1,34 +1,77 @@
-"""One pair inside the daemon: progressive loading, a bounded queue, generation off the event loop.
+"""One pair inside the daemon: its engine process, a bounded queue, crash recovery.
 
-States: `starting` (target loading) → `ready` (the target serves; speculation once the draft is
-attached) or `failed`. Requests run one at a time on the pair's own thread; the event loop only
-moves chunks. A request that finds `max_queue` requests waiting or running is refused at once
-(the HTTP layer answers 503 with Retry-After) rather than queued without bound.
+The pair's models and generation loop run in an engine child (engine/child.py, through
+daemon/engine.py); this side keeps the queue and what /health and status say. Everything here
+runs on the event loop: the engine's replies arrive there too, so no state needs a lock.
+
+States (`WorkerState`) and their transitions, all made by `_set_state`:
+
+    starting ──Loaded──▶ ready ──engine died──▶ restarting ──Loaded──▶ ready
+        │                  │                        │
+        └──LoadFailed / death past the crash limit──┴──────────────────▶ failed
+    any ──close()──▶ stopped
+
+A request that finds `max_queue` requests waiting or running is refused at once (the HTTP
+layer answers 503 with Retry-After) rather than queued without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
 
-from homespec.engine.generate import generate, prompt_tokens
-from homespec.engine.loader import LoadedPair, attach_draft, load_pair
+from homespec import errors
+from homespec.daemon.crashes import EngineDeath, recover
+from homespec.daemon.engine import EngineProcess
+from homespec.engine.crashsite import Site
+from homespec.engine.protocol import (
+    AttachDraft,
+    Cancel,
+    Counted,
+    CountPrompt,
+    DraftAttached,
+    EngineInfo,
+    Failure,
+    Finished,
+    Generate,
+    Load,
+    Loaded,
+    LoadFailed,
+    Steps,
+)
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
-from homespec.errors import HomespecError, RequestError
-from homespec.manifest import Manifest
+from homespec.errors import EngineCrashed, HomespecError, RequestError
+from homespec.manifest import NGRAM, NO_DRAFT, Manifest
 from homespec.resources import Machine
 
 LOG = logging.getLogger("homespec.daemon")
 ROLLING = 50  # requests in the rolling accept rate
 QUIET_S = 0.3  # the draft loads once the pair has had no request for this long...
 MAX_DRAFT_DELAY_S = 30.0  # ...or after this long anyway
+STOP_TIMEOUT_S = 30.0
+
+
+class WorkerState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
+    WorkerState.STARTING: frozenset({WorkerState.READY, WorkerState.FAILED, WorkerState.STOPPED}),
+    WorkerState.READY: frozenset({WorkerState.RESTARTING, WorkerState.FAILED, WorkerState.STOPPED}),
+    WorkerState.RESTARTING: frozenset({WorkerState.READY, WorkerState.FAILED, WorkerState.STOPPED}),
+    WorkerState.FAILED: frozenset({WorkerState.STOPPED}),
+    WorkerState.STOPPED: frozenset(),
+}
 
 
 class QueueFull(Exception):
@@ -42,8 +85,17 @@ class Outcome:
     """How a request ended, for the log and the metrics."""
 
     stats: GenerationStats | None
-    status: str  # ok | cancelled | error
+    status: str  # ok | cancelled | error | engine_crashed
     error: str = ""
+    signal: str = ""  # engine_crashed: the signal that ended the engine
+
+
+def raise_failure(f: Failure) -> None:
+    """Raise the engine's error as the daemon's own exception class (errors.py)."""
+    cls = getattr(errors, f.kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, HomespecError)):
+        cls = errors.EngineError
+    raise cls(f.what, f.hint)
 
 
 class PairWorker:
@@ -53,130 +105,252 @@ class PairWorker:
         name: str,
         *,
         max_queue: int,
+        machine_for: Callable[[PairWorker], Machine | None],
         on_ready: Callable[[PairWorker], None] | None = None,
     ) -> None:
+        """`machine_for(worker)`: what to plan this pair on at each (re)start, i.e. the
+        daemon's first probe less what its other pairs hold; None lets the engine probe."""
         self.manifest = manifest
+        self.machine_for = machine_for
         self.name = name
         self.max_queue = max_queue
         self.on_ready = on_ready
-        self.state = "starting"
+        server = manifest.spec.server
+        self.crash_limit = server.engine_crash_limit
+        self.crash_window_s = server.engine_crash_window_s
+        draft = manifest.pair(name)[1].draft
+        self.draft_model = None if draft in (NGRAM, NO_DRAFT) else draft
+        self.state = WorkerState.STARTING
         self.error = ""
-        self.loaded: LoadedPair | None = None
-        self.pending = 0  # waiting + running; touched only on the event loop
+        self.info: EngineInfo | None = None
+        self.draft_failure = ""
+        self.incident = ""  # the last engine death and what was done about it
+        self.without_draft = ""  # set once the draft crashed: restarts leave it out
+        self.deaths: list[EngineDeath] = []
+        self.pending = 0  # waiting + running
         self.served = 0
         self.recent: deque[tuple[int, int]] = deque(maxlen=ROLLING)  # (proposed, accepted)
         self.started_at = time.perf_counter()
         self.ready_after_s: float | None = None
         self.speculative_after_s: float | None = None
-        self._lock = threading.Lock()  # held while generating or attaching the draft
-        self._closing = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pair-{name}")
-        self._drafter = threading.Thread(
-            target=self._attach_draft, name=f"draft-{name}", daemon=True
-        )
+        self.probed: Machine | None = None  # what the engine probed, when it was asked to
+        self._engine: EngineProcess | None = None
+        self._loaded: asyncio.Future[bool] | None = None
+        self._turn = asyncio.Lock()  # one request at a time goes to the engine
+        self._streams: dict[str, asyncio.Queue[object]] = {}
+        self._counts: dict[int, asyncio.Future[Counted]] = {}
+        self._qids = itertools.count()
+        self._draft_task: asyncio.Task[None] | None = None
 
-    # --- loading ---------------------------------------------------------------------------
+    def _set_state(self, new: WorkerState) -> None:
+        if new != self.state and new not in TRANSITIONS[self.state]:
+            raise AssertionError(f"pair {self.name}: no transition {self.state} → {new}")
+        self.state = new
 
-    def load_target(self, machine: Machine) -> bool:
-        """Plan against `machine` and load the target (blocking; the daemon loads pairs one
-        after another so each plan sees what the earlier ones took). On success the pair
-        serves, and the draft loads on the pair's own thread once requests let it."""
-        t0 = time.perf_counter()
-        try:
-            self.loaded = load_pair(self.manifest, self.name, load_draft=False, machine=machine)
-        except HomespecError as err:
-            self.state, self.error = "failed", str(err)
-            LOG.error("pair %s failed to load: %s", self.name, err)
-            return False
-        except Exception as exc:  # never take the daemon down: report it on /health
-            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
-            LOG.exception("pair %s failed to load", self.name)
-            return False
-        self.ready_after_s = time.perf_counter() - self.started_at
-        self.state = "ready"
+    # --- the engine --------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._engine.pid if self._engine else None
+
+    async def start(self) -> bool:
+        """Start the engine and wait until the target serves (True) or the pair failed."""
+        self._loaded = asyncio.get_running_loop().create_future()
+        self._spawn()
+        return await self._loaded
+
+    def _spawn(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._engine = EngineProcess(self.name, loop, self._on_message, self._on_exit)
+        machine = self.machine_for(self)
+        self._engine.start(Load(self.manifest, self.name, machine, self.without_draft))
+
+    def _on_message(self, msg: object) -> None:
+        if isinstance(msg, Steps | Finished):
+            stream = self._streams.get(msg.rid)
+            if stream is not None:
+                stream.put_nowait(msg)
+        elif isinstance(msg, Counted):
+            fut = self._counts.pop(msg.qid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif isinstance(msg, Loaded):
+            self._on_loaded(msg)
+        elif isinstance(msg, DraftAttached):
+            self._on_draft(msg)
+        elif isinstance(msg, LoadFailed):
+            self.error = str(msg.failure)
+            LOG.error("pair %s failed to load: %s", self.name, self.error)
+            self._set_state(WorkerState.FAILED)
+            self._resolve_loaded(False)
+
+    def _on_loaded(self, msg: Loaded) -> None:
+        self.info = msg.info
+        if msg.probed is not None:
+            self.probed = msg.probed
+        restarted = self.state == WorkerState.RESTARTING
+        self._set_state(WorkerState.READY)
+        if self.ready_after_s is None:
+            self.ready_after_s = time.perf_counter() - self.started_at
         LOG.info(
-            "pair %s: target ready after %.1f s (loaded in %.1f s), serving", self.name,
-            self.ready_after_s, time.perf_counter() - t0,
+            "pair %s: target %s after %.1f s (engine %d), serving", self.name,
+            "back" if restarted else "ready", time.perf_counter() - self.started_at, msg.info.pid,
         )  # fmt: skip
+        for verdict in msg.info.repack.values():
+            if verdict.note:
+                LOG.warning("pair %s: %s", self.name, verdict.note)
         if self.on_ready:
             self.on_ready(self)
-        self._drafter.start()
-        return True
+        self._resolve_loaded(True)
+        if msg.info.draft_file and msg.info.plan.arrangement.draft_gpu_layers is not None:
+            self._draft_task = asyncio.get_running_loop().create_task(self._attach_draft())
 
-    def _attach_draft(self) -> None:
-        self._wait_for_quiet()
-        if self._closing.is_set() or self.loaded is None:
-            return
-        try:  # loads while the target serves; hands over between requests
-            attached = attach_draft(self.loaded, idle=self._lock)
-        except Exception as exc:
-            LOG.error("pair %s: draft failed to load, n-gram drafting only: %s", self.name, exc)
-            return
-        if attached:
-            self.speculative_after_s = time.perf_counter() - self.started_at
-            LOG.info(
-                "pair %s: draft attached after %.1f s, speculative", self.name,
-                self.speculative_after_s,
-            )  # fmt: skip
+    def _resolve_loaded(self, ok: bool) -> None:
+        if self._loaded is not None and not self._loaded.done():
+            self._loaded.set_result(ok)
 
-    def _wait_for_quiet(self) -> None:
-        """Let the requests that queued up during a restart go first: loading the draft while
+    async def _attach_draft(self) -> None:
+        """Let the requests that queued up during a (re)start go first: loading the draft while
         they run would slow them down on a busy CPU (a two-model start must not answer later
         than a target-only one). Wait until the queue has been empty for QUIET_S, at most
-        MAX_DRAFT_DELAY_S."""
+        MAX_DRAFT_DELAY_S; the engine then loads the draft while the target keeps serving."""
         deadline = time.monotonic() + MAX_DRAFT_DELAY_S
         quiet_since = time.monotonic()
-        while time.monotonic() < deadline and not self._closing.is_set():
+        while time.monotonic() < deadline:
             if self.pending:
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since >= QUIET_S:
-                return
-            time.sleep(0.02)
+                break
+            await asyncio.sleep(0.02)
+        if self._engine is not None and self.state == WorkerState.READY:
+            self._engine.send(AttachDraft())
+
+    def _on_draft(self, msg: DraftAttached) -> None:
+        self.info = msg.info
+        if msg.failure is not None:
+            self.draft_failure = f"draft failed to load: {msg.failure}"
+            LOG.error("pair %s: %s; n-gram drafting only", self.name, msg.failure)
+            return
+        self.speculative_after_s = time.perf_counter() - self.started_at
+        LOG.info("pair %s: draft attached after %.1f s, speculative", self.name,
+                 self.speculative_after_s)  # fmt: skip
+        for verdict in msg.info.repack.values():
+            if verdict.note and msg.info.draft_loaded:
+                LOG.warning("pair %s: %s", self.name, verdict.note)
+
+    def _on_exit(self, returncode: int, site: Site) -> None:
+        if self.state == WorkerState.STOPPED:
+            return
+        death = EngineDeath(time.monotonic(), returncode, site)
+        self.deaths.append(death)
+        rec = recover(
+            self.deaths,
+            draft_file=self.draft_model,
+            draft_dropped=bool(self.without_draft),
+            limit=self.crash_limit,
+            window_s=self.crash_window_s,
+        )
+        LOG.error("pair %s: %s", self.name, rec.reason)
+        self.incident = rec.reason
+        if rec.without_draft and not self.without_draft:
+            self.without_draft = rec.reason
+        crashed = EngineCrashed(
+            f"pair {self.name!r}: {rec.reason.split(';')[0]}",
+            "the pair is restarting: retry shortly" if rec.restart else "see `homespec status`",
+        )
+        for stream in self._streams.values():
+            stream.put_nowait((crashed, death.signal))
+        for fut in self._counts.values():
+            if not fut.done():
+                fut.set_exception(crashed)
+        self._counts.clear()
+        self.info = None
+        self._engine = None
+        if self._draft_task is not None:
+            self._draft_task.cancel()
+        if not rec.restart:
+            self.error = rec.reason
+            self._set_state(WorkerState.FAILED)
+            self._resolve_loaded(False)
+            return
+        self._set_state(WorkerState.RESTARTING)
+        self._spawn()
+
+    # --- what /health and status say ----------------------------------------------------------
 
     @property
     def mode(self) -> str:
-        """What the pair does now: speculative, ngram, plain, loading or failed."""
-        if self.state != "ready" or self.loaded is None:
-            return "loading" if self.state == "starting" else "failed"
-        rt = self.loaded.runtime
-        if rt.plain_only_reason:
+        """What the pair does now: speculative, ngram, plain, loading, restarting or failed."""
+        if self.state in (WorkerState.FAILED, WorkerState.STOPPED):
+            return str(self.state)
+        if self.state == WorkerState.RESTARTING:
+            return "restarting"
+        if self.info is None:
+            return "loading"
+        if self.info.plain_only_reason:
             return "plain"
-        if rt.draft is not None:
+        if self.info.draft_loaded:
             return "speculative"
-        return "ngram" if self.loaded.plan.mode != "plain" else "plain"
+        return "ngram" if self.info.plan.mode != "plain" else "plain"
 
     @property
     def reason(self) -> str:
-        if self.state == "failed":
+        if self.state == WorkerState.FAILED:
             return self.error
-        if self.loaded is None:
+        if self.state == WorkerState.RESTARTING:
+            return self.incident
+        if self.info is None:
             return "target model loading"
-        rt = self.loaded.runtime
-        return rt.plain_only_reason or rt.draft_unavailable_reason or self.loaded.plan.reason
+        i = self.info
+        return (
+            i.plain_only_reason
+            or self.draft_failure
+            or i.draft_unavailable_reason
+            or self.incident
+            or i.plan.reason
+        )
 
     @property
     def degraded(self) -> bool:
-        if self.loaded is None:
-            return self.state == "failed"
-        rt = self.loaded.runtime
-        return self.loaded.plan.degraded or rt.draft_unavailable_reason.startswith("draft failed")
+        if self.state in (WorkerState.FAILED, WorkerState.RESTARTING):
+            return True
+        if self.info is None:
+            return False
+        return self.info.plan.degraded or bool(self.draft_failure or self.incident)
+
+    def notes(self) -> list[str]:
+        """What every response of this pair should also say (an earlier engine death)."""
+        if not self.incident or (self.info and self.incident in self.info.draft_unavailable_reason):
+            return []
+        return [self.incident]
 
     def rolling_accept_rate(self) -> float | None:
         proposed = sum(p for p, _ in self.recent)
         return sum(a for _, a in self.recent) / proposed if proposed else None
 
-    # --- requests --------------------------------------------------------------------------
+    def rss(self) -> int | None:
+        return self._engine.rss() if self._engine else None
 
-    def check_prompt(self, req: GenerationRequest) -> None:
-        """Refuse a prompt that cannot fit the context before queueing it (400, both sizes)."""
-        if self.loaded is None:
+    # --- requests ----------------------------------------------------------------------------
+
+    async def check_prompt(self, req: GenerationRequest) -> None:
+        """Refuse a prompt that cannot fit the context before queueing it (400, both sizes).
+        The engine tokenizes it on its reader thread, beside any running request."""
+        if self._engine is None:
             return
-        rt = self.loaded.runtime
-        n = len(prompt_tokens(rt, req)[0])
-        if n >= rt.target.n_ctx:
+        qid = next(self._qids)
+        fut: asyncio.Future[Counted] = asyncio.get_running_loop().create_future()
+        self._counts[qid] = fut
+        if not self._engine.send(CountPrompt(qid, req)):
+            self._counts.pop(qid, None)
+            return  # the engine is going away: the request will be told
+        counted = await fut
+        if counted.failure is not None:
+            raise_failure(counted.failure)
+        if counted.n_tokens >= counted.n_ctx:
             raise RequestError(
-                f"the prompt is {n} tokens and pair {self.name!r} has a {rt.target.n_ctx}-token "
-                "context",
+                f"the prompt is {counted.n_tokens} tokens and pair {self.name!r} has a "
+                f"{counted.n_ctx}-token context",
                 "shorten the prompt (the context holds the prompt and the answer)",
             )
 
@@ -191,53 +365,53 @@ class PairWorker:
         self.pending -= 1
 
     async def stream(
-        self, req: GenerationRequest, on_done: Callable[[Outcome], None]
+        self, rid: str, req: GenerationRequest, on_done: Callable[[Outcome], None]
     ) -> AsyncIterator[Chunk | GenerationStats]:
-        """Run an admitted `req` on the pair's thread and yield its chunks, then its stats. If
-        the consumer stops early, generation stops at the next step."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        cancel = threading.Event()
-        done = object()
-
-        def put(item: object) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        def run() -> None:
-            outcome = Outcome(None, "error", "")
-            try:
-                with self._lock:
-                    assert self.loaded is not None
-                    gen = generate(self.loaded.runtime, req)
-                    try:
-                        for item in gen:
-                            if cancel.is_set():
-                                outcome = Outcome(None, "cancelled", "client disconnected")
-                                return
-                            if isinstance(item, GenerationStats):
-                                outcome = Outcome(item, "ok")
-                            put(item)
-                    finally:
-                        gen.close()
-            except Exception as exc:  # reported to the client as an error event / status
-                outcome = Outcome(None, "error", str(exc))
-                put(exc)
-            finally:  # recorded before the consumer sees the end: a response is logged first
-                loop.call_soon_threadsafe(self._finish, outcome, on_done)
-                put(done)
-
-        loop.run_in_executor(self._pool, run)  # run() never raises: it reports its outcome
+        """Run an admitted `req` in the engine and yield its chunks, then its stats. A consumer
+        that stops early cancels it (the engine stops at its next step). The outcome is
+        recorded once, before the consumer sees the end: a response is logged first."""
+        outcome = Outcome(None, "cancelled", "client disconnected")
+        finished = False
         try:
-            while True:
-                item = await queue.get()
-                if item is done:
-                    break
-                if isinstance(item, Exception):
-                    raise item
-                yield item
+            async with self._turn:
+                engine = self._engine
+                if engine is None or self.state != WorkerState.READY:
+                    raise EngineCrashed(f"pair {self.name!r} is {self.mode}: {self.reason}",
+                                        "retry shortly")  # fmt: skip
+                inbox: asyncio.Queue[object] = asyncio.Queue()
+                self._streams[rid] = inbox
+                try:
+                    engine.send(Generate(rid, req))
+                    while not finished:
+                        msg = await inbox.get()
+                        if isinstance(msg, Steps):
+                            for chunk in msg.chunks:
+                                yield chunk
+                            continue
+                        finished = True
+                        if isinstance(msg, tuple):  # the engine died under this request
+                            crashed, sig = msg
+                            outcome = Outcome(None, "engine_crashed", str(crashed), sig)
+                            raise crashed
+                        assert isinstance(msg, Finished)
+                        if msg.failure is not None:
+                            outcome = Outcome(None, "error", str(msg.failure))
+                            raise_failure(msg.failure)
+                        if msg.stats is not None:
+                            outcome = Outcome(msg.stats, "ok")
+                            self._finish(outcome, on_done)
+                            yield msg.stats
+                finally:
+                    self._streams.pop(rid, None)
+                    if not finished and self._engine is engine and engine is not None:
+                        engine.send(Cancel(rid))  # the consumer left: stop at the next step
+        except EngineCrashed as exc:
+            if outcome.status != "engine_crashed":
+                outcome = Outcome(None, "error", str(exc))
+            raise
         finally:
-            # A consumer that left early (client disconnect) stops generation at the next step.
-            cancel.set()
+            if outcome.status != "ok":
+                self._finish(outcome, on_done)
 
     def _finish(self, outcome: Outcome, on_done: Callable[[Outcome], None]) -> None:
         self.pending -= 1
@@ -246,14 +420,13 @@ class PairWorker:
             self.recent.append((outcome.stats.proposed_tokens, outcome.stats.accepted_tokens))
         on_done(outcome)
 
-    def close(self) -> None:
-        """Wait for the running request, then unload (target and draft)."""
-        self._closing.set()
-        self._pool.shutdown(wait=True)
-        if self._drafter.is_alive():
-            self._drafter.join(timeout=60)
-        with self._lock:
-            if self.loaded is not None:
-                self.loaded.close()
-                self.loaded = None
-        self.state = "stopped"
+    async def close(self) -> None:
+        """Stop the engine: it finishes the running request, then frees its models."""
+        engine, self._engine = self._engine, None
+        if self._draft_task is not None:
+            self._draft_task.cancel()
+        if self.state != WorkerState.STOPPED:
+            self._set_state(WorkerState.STOPPED)
+        self._resolve_loaded(False)
+        if engine is not None:
+            await engine.stop(STOP_TIMEOUT_S)

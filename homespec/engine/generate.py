@@ -100,6 +100,17 @@ def generate(
     rt: PairRuntime, req: GenerationRequest
 ) -> Generator[Chunk | GenerationStats, None, None]:
     """Stream Chunks as tokens are committed; the last item is the request's GenerationStats."""
+    for item in generate_steps(rt, req):
+        if isinstance(item, GenerationStats):
+            yield item
+        else:
+            yield from item
+
+
+def generate_steps(
+    rt: PairRuntime, req: GenerationRequest
+) -> Generator[list[Chunk] | GenerationStats, None, None]:
+    """The same, one list of Chunks per target decode (what the engine child sends across)."""
     t_start = time.perf_counter()
     decision = decide(
         rt.name,
@@ -153,7 +164,7 @@ def generate(
     stats.ttft_ms = (time.perf_counter() - t_start) * 1000.0
     chunk = commit(first, False)
     if chunk:
-        yield chunk
+        yield [chunk]
 
     while not done:
         room = min(max_new - stats.completion_tokens, rt.target.n_ctx - len(history)) - 1
@@ -185,10 +196,11 @@ def generate(
             chunk = commit(pick(logits[len(drafts)], params, rng), False)
             if chunk:
                 emitted.append(chunk)
-        yield from emitted
+        if emitted:
+            yield emitted
 
     tail = text.flush()
     if tail:
-        yield Chunk(tail, False)
+        yield [Chunk(tail, False)]
     stats.e2e_ms = (time.perf_counter() - t_start) * 1000.0
     yield stats

@@ -305,6 +305,13 @@ class LlamaContext:
         self.extend(filler, min(self.n_outputs_max, self.n_ctx))
         self.clear()
 
+    def warm_up(self) -> None:
+        """The model's first decode (a few tokens), then an empty cache: the first native
+        compute happens now, not inside a request."""
+        n = min(4, self.n_ctx, self.n_outputs_max)
+        self.extend([self.model.filler_token] * n, n)
+        self.clear()
+
     def clear(self) -> None:
         """Forget everything cached (the next extend() evaluates its whole history)."""
         lc.llama_memory_clear(self._mem, True)

@@ -150,6 +150,7 @@ def _load_model(
     *,
     site: CrashSite,
     measure_peak: bool,
+    warm_up: bool = False,
 ) -> LlamaContext:
     """Load one model of the pair and its context per the plan (repacking as the canary
     says); record time and memory."""
@@ -186,6 +187,8 @@ def _load_model(
     )
     held.contexts.append(ctx)
     held.load_ms[role] = (time.perf_counter() - t0) * 1000.0
+    if warm_up:
+        ctx.warm_up()
     if measure_peak:
         ctx.touch_peak()
     after = _used(a.gpu)
@@ -221,6 +224,7 @@ def load_pair(
     measure_peak: bool = False,
     without_draft: str = "",
     crash_site: CrashSite | None = None,
+    warm_up: bool = False,
 ) -> LoadedPair:
     """Check the files (inspect_pair), plan against `machine` (probed when None), then load the
     target and, when the plan has room for it and `load_draft`, the draft (else attach_draft()
@@ -228,7 +232,9 @@ def load_pair(
     context once so the memory check sees the worst case (doctor --measure, bench).
     `without_draft`: plan and load the pair as if it had no draft model, for this reason (the
     engine crashed in the draft's code); requests then say so. `crash_site`: where this
-    process marks the native work it does (the engine child's shared marker)."""
+    process marks the native work it does (the engine child's shared marker). `warm_up`: run
+    each model's first decode right after loading it (the engine child does, before it says
+    it serves: a model that crashes here crashes before any request depends on it)."""
     files = inspect_pair(manifest, name)
     if without_draft and files.draft is not None:
         files = replace(files, draft=None, draft_skip_reason=without_draft)
@@ -252,8 +258,9 @@ def load_pair(
     site = crash_site or CrashSite()
     try:
         target_ctx = _load_model(
-            manifest, files, the_plan, held, "target", site=site, measure_peak=measure_peak
-        )
+            manifest, files, the_plan, held, "target",
+            site=site, measure_peak=measure_peak, warm_up=warm_up,
+        )  # fmt: skip
         runtime = PairRuntime(
             name=name,
             spec=pair,
@@ -265,7 +272,7 @@ def load_pair(
         )
         loaded = LoadedPair(runtime, files, the_plan, held, manifest, site)
         if load_draft:
-            attach_draft(loaded, measure_peak=measure_peak)
+            attach_draft(loaded, measure_peak=measure_peak, warm_up=warm_up)
     except BaseException:
         held.close()
         raise
@@ -277,6 +284,7 @@ def attach_draft(
     *,
     measure_peak: bool = False,
     idle: AbstractContextManager[object] | None = None,
+    warm_up: bool = False,
 ) -> bool:
     """Load the draft the plan has room for and hand it to the runtime; False when the plan
     (or the pair) has no draft. The load runs while the target keeps serving; only the
@@ -289,7 +297,7 @@ def attach_draft(
     try:
         ctx = _load_model(
             loaded.manifest, loaded.files, loaded.plan, loaded.held, "draft",
-            site=loaded.crash_site, measure_peak=measure_peak,
+            site=loaded.crash_site, measure_peak=measure_peak, warm_up=warm_up,
         )  # fmt: skip
     except Exception as exc:
         rt.draft_unavailable_reason = f"draft failed to load: {exc}"

@@ -1,0 +1,113 @@
+"""The daemon's handle on one pair's engine process (homespec/engine/child.py).
+
+It starts the child with one end of a socket pair and a shared crash-site byte, sends it
+messages, and hands every reply, then the child's death (exit status and crash site), to the
+event loop. A reader thread blocks on the socket so the event loop never does; it is the only
+thread here, and it only moves messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+import psutil
+
+from homespec.engine.crashsite import CrashSite, Site
+from homespec.engine.protocol import Load, Stop
+
+LOG = logging.getLogger("homespec.daemon")
+
+
+class EngineProcess:
+    def __init__(
+        self,
+        pair: str,
+        loop: asyncio.AbstractEventLoop,
+        on_message: Callable[[object], None],
+        on_exit: Callable[[int, Site], None],
+    ) -> None:
+        self.pair = pair
+        self._loop = loop
+        self._on_message = on_message
+        self._on_exit = on_exit
+        self._send_lock = threading.Lock()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self._site: CrashSite | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self, load: Load) -> None:
+        ours, theirs = socket.socketpair()
+        self._site, site_fd = CrashSite.shared()
+        level = logging.getLevelName(logging.getLogger("homespec").getEffectiveLevel())
+        cmd = [sys.executable, "-m", "homespec.engine.child", "--fd", str(theirs.fileno()),
+               "--site-fd", str(site_fd), "--pair", self.pair, "--log-level", level]  # fmt: skip
+        try:
+            self.proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), site_fd))
+        finally:
+            theirs.close()
+            os.close(site_fd)
+        self._conn = Connection(ours.detach())
+        LOG.info("pair %s: engine process %d started", self.pair, self.proc.pid)
+        self.send(load)
+        threading.Thread(target=self._read, name=f"engine-{self.pair}", daemon=True).start()
+
+    def send(self, msg: object) -> bool:
+        """False when the child is gone (its death is being reported)."""
+        if self._conn is None:
+            return False
+        try:
+            with self._send_lock:
+                self._conn.send(msg)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def _read(self) -> None:
+        assert self._conn is not None and self.proc is not None and self._site is not None
+        while True:
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            self._deliver(self._on_message, msg)
+        code = self.proc.wait()
+        site = self._site.read()
+        self._conn.close()
+        self._site.close()
+        self._deliver(self._on_exit, code, site)
+
+    def _deliver(self, fn: Callable[..., None], *args: object) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: the daemon is exiting
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def rss(self) -> int | None:
+        """The engine's resident memory: what the pair really costs in RAM."""
+        try:
+            return psutil.Process(self.proc.pid).memory_info().rss if self.proc else None
+        except psutil.Error:
+            return None
+
+    async def stop(self, timeout: float) -> None:
+        """Ask the child to finish and free its models; kill it if it takes over `timeout`."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.send(Stop())
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout)
+        except TimeoutError:
+            LOG.warning("pair %s: engine did not stop in %.0f s: killing it", self.pair, timeout)
+            self.proc.kill()
+            await asyncio.to_thread(self.proc.wait)

@@ -1,0 +1,220 @@
+"""`python -m homespec.engine.child --fd N --site-fd M --pair NAME`: one pair's engine process.
+
+The daemon starts one per served pair and talks to it over a socket pair (engine/protocol.py).
+All of llama.cpp lives here: a segfault, an abort or an out-of-memory kill ends this process,
+and the daemon, which holds HTTP, the queue, the log and the metrics, restarts it (see
+daemon/engine.py). Before it tells the daemon it serves, the child has run each model's first
+decode (the warm-up, after the canary of engine/repack.py chose how to load it), so a model
+that crashes on this machine does so before any request depends on it.
+
+Threads: the main thread loads and generates, one request at a time; a reader thread takes
+the daemon's messages, so a `Cancel` lands while a request runs (checked once per step) and
+prompts are counted without waiting for the running request; the draft loads on a thread of
+its own while the target serves, and is handed over between requests.
+"""
+
+from __future__ import annotations
+
+# llama.cpp's library must load before numpy's (a CUDA build crashed at model load otherwise).
+import homespec.engine.llama_backend  # noqa: F401
+
+# isort: split
+import argparse
+import faulthandler
+import logging
+import os
+import queue
+import resource
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection
+
+from homespec.engine.crashsite import CrashSite
+from homespec.engine.generate import generate_steps, prompt_tokens
+from homespec.engine.loader import LoadedPair, attach_draft, load_pair, probe
+from homespec.engine.protocol import (
+    AttachDraft,
+    Cancel,
+    Counted,
+    CountPrompt,
+    DraftAttached,
+    EngineInfo,
+    Failure,
+    Finished,
+    Generate,
+    Load,
+    Loaded,
+    LoadFailed,
+    ModelCheck,
+    Steps,
+    Stop,
+)
+from homespec.engine.types import GenerationStats
+from homespec.errors import HomespecError
+
+LOG = logging.getLogger("homespec.engine")
+
+
+def failure(exc: BaseException) -> Failure:
+    if isinstance(exc, HomespecError):
+        return Failure(type(exc).__name__, exc.what, exc.hint)
+    return Failure("EngineError", f"{type(exc).__name__}: {exc}", "a bug: see the daemon's log")
+
+
+def engine_info(loaded: LoadedPair) -> EngineInfo:
+    rt, files, held = loaded.runtime, loaded.files, loaded.held
+    return EngineInfo(
+        pid=os.getpid(),
+        plan=loaded.plan,
+        n_ctx=rt.target.n_ctx,
+        target_file=files.target.path.name,
+        draft_file=files.draft.path.name if files.draft else None,
+        draft_loaded=rt.draft is not None,
+        draft_unavailable_reason=rt.draft_unavailable_reason,
+        plain_only_reason=rt.plain_only_reason,
+        memory=[ModelCheck(c.role, dict(c.predicted), dict(c.measured)) for c in held.memory],
+        repack=dict(held.repack),
+        load_ms=dict(held.load_ms),
+    )
+
+
+class Engine:
+    def __init__(self, conn: Connection, site: CrashSite) -> None:
+        self.conn = conn
+        self.site = site
+        self.loaded: LoadedPair | None = None
+        self.work: queue.Queue[object] = queue.Queue()
+        self.busy = threading.Lock()  # held while a request runs (the draft hands over outside)
+        self._send_lock = threading.Lock()
+        self._cancel_lock = threading.Lock()
+        self._cancelled: set[str] = set()
+
+    def send(self, msg: object) -> None:
+        with self._send_lock:
+            self.conn.send(msg)
+
+    # --- main thread -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        load = self.conn.recv()
+        assert isinstance(load, Load), load
+        try:
+            machine = load.machine or probe()
+            self.loaded = load_pair(
+                load.manifest,
+                load.pair,
+                load_draft=False,
+                machine=machine,
+                without_draft=load.without_draft,
+                crash_site=self.site,
+                warm_up=True,
+            )
+        except Exception as exc:  # reported to the daemon, which shows it on /health
+            if not isinstance(exc, HomespecError):
+                LOG.exception("pair %s failed to load", load.pair)
+            self.send(LoadFailed(failure(exc)))
+            return 1
+        self.send(Loaded(engine_info(self.loaded), None if load.machine else machine))
+        threading.Thread(target=self._read, name="engine-reader", daemon=True).start()
+        while True:
+            msg = self.work.get()
+            if isinstance(msg, Generate):
+                self._generate(msg)
+            elif isinstance(msg, AttachDraft):
+                loader = threading.Thread(target=self._attach_draft, name="draft", daemon=True)
+                loader.start()
+            elif isinstance(msg, Stop):
+                break
+        with self.busy:
+            self.loaded.close()
+        return 0
+
+    def _generate(self, msg: Generate) -> None:
+        assert self.loaded is not None
+        rid = msg.rid
+        with self.busy:
+            gen = generate_steps(self.loaded.runtime, msg.req)
+            try:
+                for item in gen:
+                    if self._is_cancelled(rid):
+                        self.send(Finished(rid, None, cancelled=True))
+                        return
+                    if isinstance(item, GenerationStats):
+                        self.send(Finished(rid, item))
+                    else:
+                        self.send(Steps(rid, item))
+            except Exception as exc:
+                if not isinstance(exc, HomespecError):
+                    LOG.exception("request %s failed", rid)
+                self.send(Finished(rid, None, failure(exc)))
+            finally:
+                gen.close()
+                with self._cancel_lock:
+                    self._cancelled.discard(rid)
+
+    def _is_cancelled(self, rid: str) -> bool:
+        with self._cancel_lock:
+            return rid in self._cancelled
+
+    def _attach_draft(self) -> None:
+        assert self.loaded is not None
+        try:  # loads while the target serves; hands over between requests
+            attach_draft(self.loaded, idle=self.busy, warm_up=True)
+        except Exception as exc:
+            LOG.error("pair %s: draft failed to load, n-gram drafting only: %s",
+                      self.loaded.runtime.name, exc)  # fmt: skip
+            self.send(DraftAttached(engine_info(self.loaded), failure(exc)))
+            return
+        self.send(DraftAttached(engine_info(self.loaded)))
+
+    # --- reader thread -----------------------------------------------------------------------
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                os._exit(0)  # the daemon is gone: nobody to answer, nothing to save
+            if isinstance(msg, Cancel):
+                with self._cancel_lock:
+                    self._cancelled.add(msg.rid)
+            elif isinstance(msg, CountPrompt):
+                self._count(msg)
+            else:
+                self.work.put(msg)
+
+    def _count(self, msg: CountPrompt) -> None:
+        assert self.loaded is not None
+        rt = self.loaded.runtime
+        try:
+            n = len(prompt_tokens(rt, msg.req)[0])
+        except Exception as exc:
+            self.send(Counted(msg.qid, 0, rt.target.n_ctx, failure(exc)))
+            return
+        self.send(Counted(msg.qid, n, rt.target.n_ctx))
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m homespec.engine.child")
+    ap.add_argument("--fd", type=int, required=True, help="the socket to the daemon")
+    ap.add_argument("--site-fd", type=int, required=True, help="the shared crash-site byte")
+    ap.add_argument("--pair", required=True, help="for the log lines")
+    ap.add_argument("--log-level", default="INFO")
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format=f"homespec engine[{args.pair}]: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("homespec").setLevel(args.log_level)
+    # Ctrl-C on `homespec serve` reaches the whole process group: the daemon drains its
+    # requests and then stops this engine; the engine must not die under them first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no multi-GiB core files of the weights
+    faulthandler.enable()  # a crash prints the Python stack (which step, which drafter)
+    return Engine(Connection(args.fd), CrashSite.from_fd(args.site_fd)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,138 @@
+"""The messages between the daemon and a pair's engine child (pickled over a socket pair).
+
+The daemon sends `Load` once, then `Generate`, `Cancel`, `CountPrompt`, `AttachDraft` and
+`Stop`; the child answers `Loaded` (or `LoadFailed`), then per request one `Steps` per verify
+step and a final `Finished`, and `Counted` / `DraftAttached` as asked. Both sides are homespec
+of the same version, started together: pickle is the framing, not a public format.
+
+No llama_cpp here: the daemon imports this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from homespec.engine.repack import Verdict
+from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
+from homespec.manifest import Manifest
+from homespec.planner import PairPlan
+from homespec.resources import Machine
+
+# --- daemon → child -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    manifest: Manifest
+    pair: str
+    # What to plan on: the daemon's first probe less what the other pairs hold. None: the
+    # child probes (the daemon's first pair; the daemon itself never loads llama.cpp).
+    machine: Machine | None
+    without_draft: str = ""  # non-empty: load no draft model, for this reason
+
+
+@dataclass(frozen=True)
+class AttachDraft:
+    """Load the draft now (the daemon sends this once its queue is quiet)."""
+
+
+@dataclass(frozen=True)
+class Generate:
+    rid: str
+    req: GenerationRequest
+
+
+@dataclass(frozen=True)
+class Cancel:
+    rid: str
+
+
+@dataclass(frozen=True)
+class CountPrompt:
+    qid: int
+    req: GenerationRequest
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Finish the running request, free the models, exit 0."""
+
+
+# --- child → daemon -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """One loaded model: predicted vs measured memory right after loading, per device."""
+
+    role: str
+    predicted: dict[str, int]
+    measured: dict[str, int]
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the daemon shows about a loaded pair (status, /health)."""
+
+    pid: int
+    plan: PairPlan
+    n_ctx: int
+    target_file: str
+    draft_file: str | None
+    draft_loaded: bool
+    draft_unavailable_reason: str
+    plain_only_reason: str
+    memory: list[ModelCheck] = field(default_factory=list)
+    repack: dict[str, Verdict] = field(default_factory=dict)  # by role
+    load_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    info: EngineInfo
+    probed: Machine | None  # the machine the child probed, when Load.machine was None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A HomespecError (or a bug) as it crosses the process boundary."""
+
+    kind: str  # the exception class name: RequestError, OutOfMemoryError, EngineError…
+    what: str
+    hint: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.what} — {self.hint}" if self.hint else self.what
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    failure: Failure
+
+
+@dataclass(frozen=True)
+class DraftAttached:
+    info: EngineInfo
+    failure: Failure | None = None  # the draft failed to load: n-gram drafting only
+
+
+@dataclass(frozen=True)
+class Steps:
+    rid: str
+    chunks: list[Chunk]
+
+
+@dataclass(frozen=True)
+class Finished:
+    rid: str
+    stats: GenerationStats | None  # None when cancelled or failed
+    failure: Failure | None = None
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class Counted:
+    qid: int
+    n_tokens: int
+    n_ctx: int
+    failure: Failure | None = None
