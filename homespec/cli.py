@@ -302,6 +302,10 @@ def doctor(
     the fallback ladder with its reason. Budgets from models.toml [memory] or
     HOMESPEC_MEMORY_BUDGET (e.g. "ram=6GiB,cuda0=7GiB") cap what is planned.
 
+    Each model's first decode also runs once in a throwaway process (the canary): on CPUs where
+    llama.cpp's repacked weights crash (AMX), the model loads without repacking, and doctor
+    says so. The verdict is remembered per machine and llama.cpp build.
+
     Exit code: 0 every pair runs as declared, 1 one runs degraded (e.g. draft dropped), 2 one
     cannot run.
     """
@@ -316,6 +320,9 @@ def doctor(
         manifest.pair(name)  # an unknown --pair is an error before any probing
     machine = machine_budgets(manifest, probe())
     reports = [doc.check_pair(manifest, name, machine) for name in names]
+    if not plan_only:
+        for r in reports:
+            doc.canary(manifest, r)
     if measure:
         for r in reports:
             if r.plan is not None and r.plan.runnable:

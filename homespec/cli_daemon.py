@@ -91,8 +91,9 @@ def _memory(p: dict[str, Any]) -> str:
 @url_option
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon's status object.")
 def status(url: str | None, as_json: bool) -> None:
-    """What the daemon runs now: each pair's mode and why, memory including the draft,
-    rolling accept rate, queue and uptime (like `ollama ps`)."""
+    """What the daemon runs now: each pair's mode and why, memory including the draft, its
+    engine process (pid, resident memory, restarts), rolling accept rate, queue and uptime
+    (like `ollama ps`)."""
     from homespec.client import DaemonClient
 
     st = DaemonClient(url).get("/homespec/status")
@@ -110,6 +111,15 @@ def status(url: str | None, as_json: bool) -> None:
             f"{_memory(p)}"
         )
         click.echo(f"{'':<14} why: {p['reason']}")
+        engine = p.get("engine") or {}
+        if engine.get("pid"):
+            rss = fmt_size(engine["rss"]) if engine.get("rss") else "—"
+            deaths = len(engine.get("deaths") or [])
+            again = f", restarted {deaths}×" if deaths else ""
+            click.echo(f"{'':<14} engine: pid {engine['pid']}, RSS {rss}{again}")
+        for role, v in (p.get("repack") or {}).items():
+            if v.get("note"):
+                click.echo(f"{'':<14} {role}: {v['note']}")
 
 
 @click.command()

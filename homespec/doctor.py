@@ -10,11 +10,13 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gguf import LlamaFileType
 
-from homespec.errors import HomespecError
+from homespec.engine import repack
+from homespec.errors import EngineError, HomespecError
 from homespec.gguf_meta import GGUFInfo, compatibility_problems, read_gguf
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
 from homespec.pairs import inspect_pair, plan
@@ -104,6 +106,43 @@ def check_pair(manifest: Manifest, name: str, machine: Machine) -> PairReport:
     elif report.plan.degraded:
         report.status = DEGRADED
     return report
+
+
+def canary(manifest: Manifest, report: PairReport) -> None:
+    """Each model's first decode in a throwaway process (engine/repack.py), unless this machine
+    and llama.cpp build already have a verdict for it: whether the model may load with
+    repacked weights here, or crashes outright."""
+    if report.plan is None or not report.plan.runnable:
+        return
+    _, pair = manifest.pair(report.name)
+    a = report.plan.arrangement
+    layers = {
+        "target": (pair.target, a.target_gpu_layers),
+        "draft": (pair.draft, a.draft_gpu_layers),
+    }
+    for role, facts in report.models.items():
+        model, gpu_layers = layers[role]
+        if "error" in facts or gpu_layers is None:
+            continue
+        override = manifest.spec.models[model].repack
+        try:
+            v = repack.decide(model, Path(facts["path"]), gpu_layers=gpu_layers, override=override)
+        except EngineError as err:
+            facts["canary"] = {"error": str(err)}
+            report.status = max(report.status, BROKEN if role == "target" else DEGRADED)
+            continue
+        facts["canary"] = {"repack": v.repack, "source": v.source, "note": v.note or None}
+
+
+def _canary_line(role: str, c: dict[str, Any]) -> str:
+    if "error" in c:
+        return f"  canary  {role}: {c['error']}"
+    how = "repacked weights" if c["repack"] else "without repacking"
+    if c["note"]:
+        return f"  canary  {role}: {how}: {c['note']} ({c['source']})"
+    if c["source"].startswith("unchecked"):
+        return f"  canary  {role}: not run ({c['source'].removeprefix('unchecked: ')})"
+    return f"  canary  {role}: first decode ok, {how} ({c['source']})"
 
 
 def machine_dict(m: Machine) -> dict[str, Any]:
@@ -204,6 +243,7 @@ def render_pair(r: PairReport) -> list[str]:
             if not r.compatibility and "error" not in r.models["draft"]
             else "  pair    " + "; ".join(r.compatibility or ["not checked (a file is bad)"])
         )
+    lines += [_canary_line(role, f["canary"]) for role, f in r.models.items() if "canary" in f]
     if r.error:
         lines.append(f"  error   {r.error}")
     if r.plan is not None:

@@ -141,6 +141,7 @@ class PairWorker:
         self._counts: dict[int, asyncio.Future[Counted]] = {}
         self._qids = itertools.count()
         self._draft_task: asyncio.Task[None] | None = None
+        self._spawned_at = self.started_at
 
     def _set_state(self, new: WorkerState) -> None:
         if new != self.state and new not in TRANSITIONS[self.state]:
@@ -162,6 +163,7 @@ class PairWorker:
     def _spawn(self) -> None:
         loop = asyncio.get_running_loop()
         self._engine = EngineProcess(self.name, loop, self._on_message, self._on_exit)
+        self._spawned_at = time.perf_counter()
         machine = self.machine_for(self)
         self._engine.start(Load(self.manifest, self.name, machine, self.without_draft))
 
@@ -192,10 +194,12 @@ class PairWorker:
         self._set_state(WorkerState.READY)
         if self.ready_after_s is None:
             self.ready_after_s = time.perf_counter() - self.started_at
-        LOG.info(
-            "pair %s: target %s after %.1f s (engine %d), serving", self.name,
-            "back" if restarted else "ready", time.perf_counter() - self.started_at, msg.info.pid,
-        )  # fmt: skip
+        if restarted:
+            LOG.info("pair %s: engine %d serving again, %.1f s after the restart", self.name,
+                     msg.info.pid, time.perf_counter() - self._spawned_at)  # fmt: skip
+        else:
+            LOG.info("pair %s: target ready after %.1f s (engine %d), serving", self.name,
+                     self.ready_after_s, msg.info.pid)  # fmt: skip
         for verdict in msg.info.repack.values():
             if verdict.note:
                 LOG.warning("pair %s: %s", self.name, verdict.note)
@@ -305,8 +309,8 @@ class PairWorker:
         return (
             i.plain_only_reason
             or self.draft_failure
+            or self.incident  # the newest engine death (it says when the draft was dropped)
             or i.draft_unavailable_reason
-            or self.incident
             or i.plan.reason
         )
 
