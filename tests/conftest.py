@@ -81,3 +81,22 @@ def write_tiny_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+@pytest.fixture(scope="session")
+def repack_crash_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/native/repack_crash.c built as an LD_PRELOAD library: llama.cpp then crashes by
+    SIGSEGV at the first compute of a process that loaded a model with repacked weights, as it
+    does on CPUs with AMX (llama.cpp issue 20824), on any Linux machine."""
+    import shutil
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("LD_PRELOAD interposition is Linux-only")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed (it also builds llama-cpp-python)"
+    out = tmp_path_factory.mktemp("native") / "repack_crash.so"
+    src = REPO / "tests" / "native" / "repack_crash.c"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(src), "-ldl"], check=True)
+    return out

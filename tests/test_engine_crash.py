@@ -1,0 +1,176 @@
+"""A crash inside llama.cpp takes down one engine process, never the daemon: killed engines
+(SIGSEGV, SIGKILL) mid-stream and mid-request, a real segfault in the draft's code, crash
+loops, and the daemon's own death."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from homespec.manifest import Manifest
+
+from .daemon_process import Daemon, demo_manifest_file, start_daemon, wait_until
+
+CHAT = "/v1/chat/completions"
+LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
+
+
+def engine_pid(d: Daemon, pair: str = "smollm2") -> int:
+    status = d.get("/homespec/status").json()
+    pid: int = next(p for p in status["pairs"] if p["name"] == pair)["engine"]["pid"]
+    assert pid and pid != d.proc.pid
+    return pid
+
+
+def log_lines(d: Daemon, rid: str) -> list[dict[str, Any]]:
+    path = d.state_dir / "requests.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [r for r in map(json.loads, lines) if r["id"] == rid]
+
+
+def serving_again(pair: str, old_pid: int, d: Daemon) -> Any:
+    def ok(h: dict[str, Any]) -> bool:
+        p = h["pairs"][pair]
+        return p["state"] == "ready" and p["mode"] != "loading" and engine_pid(d, pair) != old_pid
+
+    return ok
+
+
+@pytest.fixture()
+def daemon(demo_manifest: Manifest, tmp_path: Path) -> Any:
+    d = start_daemon(demo_manifest_file(demo_manifest, tmp_path), tmp_path)
+    yield d
+    d.stop()
+
+
+def test_sigsegv_mid_stream_ends_the_stream_logs_once_and_the_pair_restarts(
+    daemon: Daemon,
+) -> None:
+    pid = engine_pid(daemon)
+    body = {"messages": LONG, "max_tokens": 400, "stream": True}
+    lines: list[str] = []
+    with httpx.stream("POST", daemon.url + CHAT, json=body, timeout=60) as r:
+        rid = r.headers["x-request-id"]
+        for line in r.iter_lines():
+            if line:
+                lines.append(line)
+            if len(lines) == 4:
+                os.kill(pid, signal.SIGSEGV)
+    # The client got an end, not a hang: an error event, then [DONE].
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2].removeprefix("data: "))["error"]
+    assert error["type"] == "engine_crashed" and "engine crashed (SIGSEGV)" in error["message"]
+    assert daemon.proc.poll() is None  # the daemon is up
+    (rec,) = log_lines(daemon, rid)
+    assert (rec["outcome"], rec["signal"]) == ("engine_crashed", "SIGSEGV")
+    h = wait_until(daemon, serving_again("smollm2", pid, daemon))
+    assert h["status"] == "degraded"
+    (reason,) = h["reasons"]
+    assert reason.startswith("smollm2: engine crashed (SIGSEGV) while")
+    ok = daemon.post(CHAT, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8})
+    assert ok.status_code == 200
+    assert "engine crashed (SIGSEGV)" in ok.json()["homespec"]["reason"]
+    status = daemon.get("/homespec/status").json()["pairs"][0]
+    assert [d["signal"] for d in status["engine"]["deaths"]] == ["SIGSEGV"]
+
+
+def test_sigkill_mid_request_answers_with_an_error_envelope(daemon: Daemon) -> None:
+    pid = engine_pid(daemon)
+    body = {"messages": LONG, "max_tokens": 400, "speculative": False}
+    result: list[httpx.Response] = []
+    t = threading.Thread(target=lambda: result.append(daemon.post(CHAT, body)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while daemon.get("/homespec/status").json()["pairs"][0]["queue_depth"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.5)  # well inside a 400-token answer
+    os.kill(pid, signal.SIGKILL)
+    t.join(timeout=60)
+    (r,) = result
+    assert r.status_code == 503 and r.headers["retry-after"]
+    err = r.json()["error"]
+    assert err["type"] == "engine_crashed" and "engine killed (SIGKILL" in err["message"]
+    (rec,) = log_lines(daemon, r.headers["x-request-id"])
+    assert (rec["outcome"], rec["signal"]) == ("engine_crashed", "SIGKILL")
+    wait_until(daemon, serving_again("smollm2", pid, daemon))
+    again = daemon.post(CHAT, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8})
+    assert again.status_code == 200
+
+
+def test_repeated_crashes_fail_the_pair_and_the_other_pairs_keep_serving(
+    demo_manifest: Manifest, tmp_path: Path
+) -> None:
+    config = demo_manifest_file(demo_manifest, tmp_path, "engine_crash_limit = 2")
+    d = start_daemon(config, tmp_path, "--pair", "smollm2", "--pair", "smollm2-ngram")
+    try:
+        first = engine_pid(d)
+        os.kill(first, signal.SIGSEGV)
+        wait_until(d, serving_again("smollm2", first, d))
+        os.kill(engine_pid(d), signal.SIGSEGV)
+        h = wait_until(d, lambda h: h["pairs"]["smollm2"]["state"] == "failed")
+        assert h["status"] == "degraded"
+        assert "2 engine deaths within 600 s: pair stopped" in h["pairs"]["smollm2"]["reason"]
+        refused = d.post(CHAT, {"model": "smollm2", "messages": [{"role": "user", "content": "x"}]})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["type"] == "pair_unavailable"
+        other = d.post(CHAT, {"model": "smollm2-ngram", "max_tokens": 8,
+                              "messages": [{"role": "user", "content": "Hi"}]})  # fmt: skip
+        assert other.status_code == 200
+        metrics = d.get("/metrics").text
+        assert 'homespec_engine_deaths{pair="smollm2"} 2.0' in metrics
+        assert 'homespec_engine_deaths{pair="smollm2-ngram"} 0.0' in metrics
+        assert 'homespec_pair_mode{mode="failed",pair="smollm2"} 1.0' in metrics
+    finally:
+        d.stop()
+
+
+def test_a_segfault_in_the_drafts_code_restarts_the_pair_without_the_draft(
+    demo_manifest: Manifest, repack_crash_shim: Path, tmp_path: Path
+) -> None:
+    """A real native crash, not a kill: the draft is forced to load with repacked weights
+    (no canary) under the shim, so its first decode segfaults inside the engine."""
+    config = demo_manifest_file(demo_manifest, tmp_path)
+    text = config.read_text()
+    text = text.replace('[models.d]\npath = "', '[models.d]\nrepack = true\npath = "')
+    text = text.replace('[models.t]\npath = "', '[models.t]\nrepack = false\npath = "')
+    config.write_text(text)
+    d = start_daemon(config, tmp_path, env={"LD_PRELOAD": str(repack_crash_shim)}, wait=False)
+    try:
+        want = "engine crashed (SIGSEGV) while drafting with d; restarted without the draft"
+        h = wait_until(d, lambda h: h["pairs"]["smollm2"]["reason"] == want
+                       and h["pairs"]["smollm2"]["state"] == "ready")  # fmt: skip
+        assert h["status"] == "degraded" and h["pairs"]["smollm2"]["mode"] == "ngram"
+        r = d.post(CHAT, {"messages": LONG, "max_tokens": 40})
+        assert r.status_code == 200
+        stats = r.json()["homespec"]
+        assert stats["drafter"] == "ngram" and want in stats["reason"]
+        assert "Fatal Python error: Segmentation fault" in d.log()  # the engine's stack
+        status = d.get("/homespec/status").json()["pairs"][0]
+        assert status["models"]["draft_loaded"] is False
+    finally:
+        d.stop()
+
+
+def test_kill_9_of_the_daemon_leaves_no_engine_behind(daemon: Daemon) -> None:
+    pid = engine_pid(daemon)
+    daemon.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"engine {pid} still runs after its daemon was killed")
