@@ -4,9 +4,11 @@ engine child), same pair, prompts and settings, interleaved in one run.
 
     .venv/bin/python scripts/hop_bench.py [--pair NAME] [--repeat 3] [--json OUT.json]
 
-tok/s is measured by the client in both cases: completion tokens over the wall time from
-sending the request to its last chunk (through the daemon: a streamed request, so every verify
-step crosses the process boundary and the SSE stream). The target is ≥ 0.97× of in-process.
+Three ways, same prompts, interleaved: in-process (`generate()` here), the engine child driven
+directly over its socket (the hop alone: one message per verify step), and the daemon (HTTP,
+streamed by default: every step also crosses the SSE stream). tok/s is measured by the caller
+in each case: completion tokens over the wall time from sending the request to its end. The
+target is ≥ 0.97× of in-process.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +31,10 @@ import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before 
 # isort: split
 import httpx
 
+from homespec.engine.crashsite import CrashSite
 from homespec.engine.generate import generate
 from homespec.engine.loader import load_pair
+from homespec.engine.protocol import Finished, Generate, Load, Loaded, Stop
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import load_manifest
 from homespec.workload import default_workload, load_workload
@@ -53,18 +58,58 @@ def in_process(loaded: Any, messages: list[Message], max_tokens: int) -> float:
     return stats.completion_tokens / (time.perf_counter() - t0)
 
 
-def via_daemon(url: str, pair: str, messages: list[Message], max_tokens: int) -> float:
+def via_daemon(
+    url: str, pair: str, messages: list[Message], max_tokens: int, stream: bool = True
+) -> float:
     chat = [{"role": m.role, "content": m.content} for m in messages]
-    body = {"model": pair, "messages": chat, "max_tokens": max_tokens, "stream": True,
+    body = {"model": pair, "messages": chat, "max_tokens": max_tokens, "stream": stream,
             "speculative": False}  # fmt: skip
     tokens = 0
     t0 = time.perf_counter()
+    if not stream:
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
+        r.raise_for_status()
+        completion: int = r.json()["usage"]["completion_tokens"]
+        return completion / (time.perf_counter() - t0)
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: {") and '"homespec"' in line:
                 tokens = json.loads(line[6:])["homespec"]["completion_tokens"]
     return tokens / (time.perf_counter() - t0)
+
+
+class Engine:
+    """The pair's engine child, driven over its socket like the daemon does, without HTTP."""
+
+    def __init__(self, manifest: Any, pair: str) -> None:
+        self.site, site_fd = CrashSite.shared()
+        ours, theirs = socket.socketpair()
+        cmd = [sys.executable, "-m", "homespec.engine.child", "--fd", str(theirs.fileno()),
+               "--site-fd", str(site_fd), "--pair", pair, "--log-level", "WARNING"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), site_fd))
+        theirs.close()
+        os.close(site_fd)
+        self.conn = Connection(ours.detach())
+        self.conn.send(Load(manifest, pair, None, without_draft="plain bench"))
+        loaded = self.conn.recv()
+        assert isinstance(loaded, Loaded), loaded
+        self.n = 0
+
+    def run(self, messages: list[Message], max_tokens: int) -> float:
+        self.n += 1
+        req = GenerationRequest(messages=messages, max_tokens=max_tokens, speculative=False)
+        t0 = time.perf_counter()
+        self.conn.send(Generate(str(self.n), req))
+        while True:
+            msg = self.conn.recv()
+            if isinstance(msg, Finished):
+                assert msg.stats is not None, msg
+                return msg.stats.completion_tokens / (time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.conn.send(Stop())
+        self.proc.wait(timeout=60)
 
 
 def main() -> int:
@@ -74,6 +119,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workload", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="write the raw figures here")
+    ap.add_argument("--no-stream", action="store_true", help="one response per request")
     args = ap.parse_args()
     manifest = load_manifest(args.config)
     pair = args.pair or manifest.default_pair
@@ -85,6 +131,7 @@ def main() -> int:
            "--pair", pair, "--port", str(port), "--state-dir", state]  # fmt: skip
     daemon = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, env=os.environ.copy())
     rows: dict[str, dict[str, list[float]]] = {}
+    engine = Engine(manifest, pair)
     try:
         with load_pair(manifest, pair, load_draft=False) as loaded:
             deadline = time.monotonic() + 300
@@ -99,25 +146,32 @@ def main() -> int:
                 time.sleep(0.2)
             for item in items:  # warm-up: each side sees every prompt once
                 in_process(loaded, item.messages, 8)
+                engine.run(item.messages, 8)
                 via_daemon(url, pair, item.messages, 8)
             for _ in range(args.repeat):
                 for item in items:
-                    row = rows.setdefault(item.task, {"in": [], "daemon": []})
+                    row = rows.setdefault(item.task, {"in": [], "engine": [], "daemon": []})
                     row["in"].append(in_process(loaded, item.messages, item.max_tokens))
-                    row["daemon"].append(via_daemon(url, pair, item.messages, item.max_tokens))
+                    row["engine"].append(engine.run(item.messages, item.max_tokens))
+                    row["daemon"].append(
+                        via_daemon(url, pair, item.messages, item.max_tokens, not args.no_stream)
+                    )
     finally:
+        engine.close()
         daemon.terminate()
         daemon.wait(timeout=60)
-    print(f"pair {pair}, plain decoding, {args.repeat} × {len(items)} prompts, interleaved\n")
-    print(f"{'task':<12} {'in-process tok/s':>17} {'daemon tok/s':>13} {'daemon/in':>10}")
-    all_in, all_d = [], []
-    for task, r in rows.items():
-        a, b = statistics.median(r["in"]), statistics.median(r["daemon"])
-        all_in += r["in"]
-        all_d += r["daemon"]
-        print(f"{task:<12} {a:>17.1f} {b:>13.1f} {b / a:>9.3f}×")
-    a, b = statistics.median(all_in), statistics.median(all_d)
-    print(f"{'all':<12} {a:>17.1f} {b:>13.1f} {b / a:>9.3f}×")
+    how = "one response" if args.no_stream else "streamed"
+    print(f"pair {pair}, plain decoding, {args.repeat} × {len(items)} prompts, interleaved, "
+          f"daemon requests {how}\n")  # fmt: skip
+    print(f"{'task':<12} {'in-process':>11} {'engine child':>13} {'daemon':>8}  "
+          f"{'engine/in':>9} {'daemon/in':>9}   (tok/s, medians)")  # fmt: skip
+    every: dict[str, list[float]] = {"in": [], "engine": [], "daemon": []}
+    for task, r in [*rows.items(), ("all", every)]:
+        if task != "all":
+            for k in every:
+                every[k] += r[k]
+        a, e, b = (statistics.median(r[k]) for k in ("in", "engine", "daemon"))
+        print(f"{task:<12} {a:>11.1f} {e:>13.1f} {b:>8.1f}  {e / a:>8.3f}× {b / a:>8.3f}×")
     if args.json:
         args.json.write_text(json.dumps({"pair": pair, "rows": rows}, indent=1))
     return 0
