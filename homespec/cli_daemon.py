@@ -113,10 +113,10 @@ def status(url: str | None, as_json: bool) -> None:
         click.echo(f"{'':<14} why: {p['reason']}")
         engine = p.get("engine") or {}
         if engine.get("pid"):
-            rss = fmt_size(engine["rss"]) if engine.get("rss") else "—"
+            held = ", ".join(f"{d} {fmt_size(n)}" for d, n in (engine.get("memory") or {}).items())
             deaths = len(engine.get("deaths") or [])
             again = f", restarted {deaths}×" if deaths else ""
-            click.echo(f"{'':<14} engine: pid {engine['pid']}, RSS {rss}{again}")
+            click.echo(f"{'':<14} engine: pid {engine['pid']}, holds {held or '—'}{again}")
         for role, v in (p.get("repack") or {}).items():
             if v.get("note"):
                 click.echo(f"{'':<14} {role}: {v['note']}")

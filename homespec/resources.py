@@ -208,6 +208,36 @@ def cuda_used() -> dict[str, int]:
     return {g.device: g.total - g.free for g in gpus}
 
 
+def cuda_used_by(pid: int) -> dict[str, int]:
+    """GPU memory one process holds, per NVIDIA GPU, where NVML reports it (a container may
+    hide other namespaces' pids); {} without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except (ImportError, pynvml.NVMLError):
+        return {}
+    used: dict[str, int] = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == pid and proc.usedGpuMemory:
+                    used[f"cuda{i}"] = used.get(f"cuda{i}", 0) + int(proc.usedGpuMemory)
+    except pynvml.NVMLError:
+        pass
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+    return used
+
+
+def held(planned: dict[str, int], measured: dict[str, int]) -> dict[str, int]:
+    """What a loaded pair holds per device: its plan, or what its process was measured to
+    hold where that is more (the planner plans the next pair around this)."""
+    return {d: max(planned.get(d, 0), measured.get(d, 0)) for d in {*planned, *measured}}
+
+
 def probe_metal(ram: Ram) -> tuple[list[Gpu], str]:
     """Apple silicon: the GPU shares RAM up to a working-set limit. macOS does not expose the
     limit without Metal itself; homespec reads `sysctl iogpu.wired_limit_mb` when the user set it,

@@ -133,3 +133,10 @@ def test_minus_takes_what_earlier_pairs_use_off_free_memory_and_budgets() -> Non
     assert left.free(RAM) == 4 * GiB  # the budget, less what is taken
     assert left.gpus[0].free == 4 * GiB
     assert left.with_budgets({RAM: 6 * GiB}).free(RAM) == 4 * GiB  # re-applying keeps the tighter
+
+
+def test_a_pair_holds_its_plan_or_what_was_measured_where_that_is_more() -> None:
+    from homespec.resources import held
+
+    assert held({"ram": 900, "cuda0": 4000}, {"ram": 1200}) == {"ram": 1200, "cuda0": 4000}
+    assert held({"ram": 900}, {"ram": 700, "cuda1": 5}) == {"ram": 900, "cuda1": 5}

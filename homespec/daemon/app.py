@@ -138,7 +138,7 @@ def create_app(config: DaemonConfig) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         for w in daemon.workers.values():
-            daemon.metrics.set_state(w.name, w.mode, w.pending, len(w.deaths), w.rss())
+            daemon.metrics.set_state(w.name, w.mode, w.pending, len(w.deaths), w.memory())
         return Response(daemon.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/homespec/status")

@@ -23,6 +23,7 @@ import psutil
 
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.protocol import Load, Stop
+from homespec.resources import RAM, cuda_used_by
 
 LOG = logging.getLogger("homespec.daemon")
 
@@ -93,12 +94,16 @@ class EngineProcess:
         with contextlib.suppress(RuntimeError):  # a closed loop: the daemon is exiting
             self._loop.call_soon_threadsafe(fn, *args)
 
-    def rss(self) -> int | None:
-        """The engine's resident memory: what the pair really costs in RAM."""
+    def memory(self) -> dict[str, int]:
+        """What the engine process holds: its resident memory (`ram`) and, where NVML reports
+        it, its memory on each GPU. The exact cost of the pair, draft included."""
+        if self.proc is None or self.proc.poll() is not None:
+            return {}
         try:
-            return psutil.Process(self.proc.pid).memory_info().rss if self.proc else None
+            used = {RAM: psutil.Process(self.proc.pid).memory_info().rss}
         except psutil.Error:
-            return None
+            return {}
+        return used | cuda_used_by(self.proc.pid)
 
     async def stop(self, timeout: float) -> None:
         """Ask the child to finish and free its models; kill it if it takes over `timeout`."""

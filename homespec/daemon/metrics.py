@@ -54,10 +54,12 @@ class Metrics:
             ["pair"],
             registry=r,
         )
-        self.rss = Gauge(
-            "homespec_engine_rss_bytes", "Resident memory of the pair's engine process", ["pair"],
+        self.engine_memory = Gauge(
+            "homespec_engine_memory_bytes",
+            "Memory the pair's engine process holds, per device (ram: resident; cudaN: NVML)",
+            ["pair", "device"],
             registry=r,
-        )  # fmt: skip
+        )
 
     def observe(self, pair: str, mode: str, outcome: str, stats: GenerationStats | None) -> None:
         self.requests.labels(pair, mode, outcome).inc()
@@ -74,13 +76,14 @@ class Metrics:
         self.e2e.labels(pair).observe(stats.e2e_ms / 1000.0)
 
     def set_state(
-        self, pair: str, mode: str, queue_depth: int, deaths: int, rss: int | None
+        self, pair: str, mode: str, queue_depth: int, deaths: int, memory: dict[str, int]
     ) -> None:
         for m in MODES:
             self.mode.labels(pair, m).set(1 if m == mode else 0)
         self.queue.labels(pair).set(queue_depth)
         self.deaths.labels(pair).set(deaths)
-        self.rss.labels(pair).set(rss or 0)
+        for device, n in memory.items():
+            self.engine_memory.labels(pair, device).set(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

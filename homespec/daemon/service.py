@@ -22,7 +22,7 @@ from homespec.errors import HomespecError
 from homespec.manifest import Manifest
 from homespec.pairs import machine_budgets
 from homespec.reqlog import LOG_NAME, RequestLog
-from homespec.resources import Machine
+from homespec.resources import Machine, held
 
 LOG = logging.getLogger("homespec.daemon")
 
@@ -82,15 +82,17 @@ class Daemon:
             await w.start()
 
     def _machine_for(self, worker: PairWorker) -> Machine | None:
-        """The first probe less what the other pairs' plans hold (None: let the engine probe;
-        the daemon itself never loads llama.cpp)."""
+        """The first probe less what the other pairs hold: each one's plan, or what its engine
+        was measured to hold where that is more (None: let the engine probe; the daemon itself
+        never loads llama.cpp)."""
         if self._base is None:
             return None
         taken: dict[str, int] = {}
         for w in self.workers.values():
             if w is not worker and w.info is not None:
-                for use in w.info.plan.devices:
-                    taken[use.device] = taken.get(use.device, 0) + use.need
+                planned = {use.device: use.need for use in w.info.plan.devices}
+                for device, n in held(planned, w.memory()).items():
+                    taken[device] = taken.get(device, 0) + n
         return self._base.minus(taken)
 
     def _on_ready(self, worker: PairWorker) -> None:
@@ -218,7 +220,7 @@ class Daemon:
             "speculative_after_s": w.speculative_after_s,
             "engine": {
                 "pid": w.pid,
-                "rss": w.rss(),
+                "memory": w.memory(),
                 "deaths": [{"signal": d.signal, "site": d.site.label} for d in w.deaths],
                 "last_incident": w.incident or None,
             },

@@ -332,8 +332,9 @@ class PairWorker:
         proposed = sum(p for p, _ in self.recent)
         return sum(a for _, a in self.recent) / proposed if proposed else None
 
-    def rss(self) -> int | None:
-        return self._engine.rss() if self._engine else None
+    def memory(self) -> dict[str, int]:
+        """The engine process's measured memory per device ({} when none runs)."""
+        return self._engine.memory() if self._engine else {}
 
     # --- requests ----------------------------------------------------------------------------
 
