@@ -373,5 +373,7 @@ def test_two_pairs_that_do_not_fit_together_leave_the_first_serving(
         refused = d.post(CHAT, {"model": "smollm2-ngram", "messages": user("Hi")})
         assert refused.status_code == 503
         assert refused.json()["error"]["type"] == "pair_unavailable"
+        # The refused pair's engine exits after saying why: an expected exit, not a crash.
+        assert "Traceback" not in d.log() and h["pairs"]["smollm2-ngram"]["state"] == "failed"
     finally:
         d.stop()

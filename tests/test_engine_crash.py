@@ -52,59 +52,71 @@ def daemon(demo_manifest: Manifest, tmp_path: Path) -> Any:
     d.stop()
 
 
-def test_sigsegv_mid_stream_ends_the_stream_logs_once_and_the_pair_restarts(
-    daemon: Daemon,
-) -> None:
-    pid = engine_pid(daemon)
+def stream_until_killed(d: Daemon, pid: int, sig: int) -> tuple[str, dict[str, Any]]:
+    """A long streamed request whose engine is killed after a few chunks: the client must
+    get an end (an error event, then [DONE]), not a hang. Returns (request id, error)."""
     body = {"messages": LONG, "max_tokens": 400, "stream": True}
     lines: list[str] = []
-    with httpx.stream("POST", daemon.url + CHAT, json=body, timeout=60) as r:
+    with httpx.stream("POST", d.url + CHAT, json=body, timeout=60) as r:
         rid = r.headers["x-request-id"]
         for line in r.iter_lines():
             if line:
                 lines.append(line)
             if len(lines) == 4:
-                os.kill(pid, signal.SIGSEGV)
-    # The client got an end, not a hang: an error event, then [DONE].
+                os.kill(pid, sig)
     assert lines[-1] == "data: [DONE]"
-    error = json.loads(lines[-2].removeprefix("data: "))["error"]
-    assert error["type"] == "engine_crashed" and "engine crashed (SIGSEGV)" in error["message"]
-    assert daemon.proc.poll() is None  # the daemon is up
-    (rec,) = log_lines(daemon, rid)
-    assert (rec["outcome"], rec["signal"]) == ("engine_crashed", "SIGSEGV")
-    h = wait_until(daemon, serving_again("smollm2", pid, daemon))
-    assert h["status"] == "degraded"
-    (reason,) = h["reasons"]
-    assert reason.startswith("smollm2: engine crashed (SIGSEGV) while")
-    ok = daemon.post(CHAT, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8})
-    assert ok.status_code == 200
-    assert "engine crashed (SIGSEGV)" in ok.json()["homespec"]["reason"]
-    status = daemon.get("/homespec/status").json()["pairs"][0]
-    assert [d["signal"] for d in status["engine"]["deaths"]] == ["SIGSEGV"]
+    error: dict[str, Any] = json.loads(lines[-2].removeprefix("data: "))["error"]
+    return rid, error
 
 
-def test_sigkill_mid_request_answers_with_an_error_envelope(daemon: Daemon) -> None:
-    pid = engine_pid(daemon)
+def request_until_killed(d: Daemon, pid: int, sig: int) -> tuple[str, dict[str, Any]]:
+    """A long non-streamed request whose engine is killed while it runs: a 503 envelope."""
     body = {"messages": LONG, "max_tokens": 400, "speculative": False}
     result: list[httpx.Response] = []
-    t = threading.Thread(target=lambda: result.append(daemon.post(CHAT, body)))
+    t = threading.Thread(target=lambda: result.append(d.post(CHAT, body)))
     t.start()
     deadline = time.monotonic() + 30
-    while daemon.get("/homespec/status").json()["pairs"][0]["queue_depth"] == 0:
+    while d.get("/homespec/status").json()["pairs"][0]["queue_depth"] == 0:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     time.sleep(0.5)  # well inside a 400-token answer
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, sig)
     t.join(timeout=60)
     (r,) = result
     assert r.status_code == 503 and r.headers["retry-after"]
-    err = r.json()["error"]
-    assert err["type"] == "engine_crashed" and "engine killed (SIGKILL" in err["message"]
-    (rec,) = log_lines(daemon, r.headers["x-request-id"])
-    assert (rec["outcome"], rec["signal"]) == ("engine_crashed", "SIGKILL")
-    wait_until(daemon, serving_again("smollm2", pid, daemon))
-    again = daemon.post(CHAT, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8})
-    assert again.status_code == 200
+    error: dict[str, Any] = r.json()["error"]
+    return r.headers["x-request-id"], error
+
+
+@pytest.mark.parametrize(
+    ("sig", "words", "kill"),
+    [
+        (signal.SIGSEGV, "engine crashed (SIGSEGV)", stream_until_killed),
+        (signal.SIGKILL, "engine killed (SIGKILL", stream_until_killed),
+        (signal.SIGSEGV, "engine crashed (SIGSEGV)", request_until_killed),
+        (signal.SIGKILL, "engine killed (SIGKILL", request_until_killed),
+    ],
+    ids=["segv-mid-stream", "kill-mid-stream", "segv-mid-request", "kill-mid-request"],
+)
+def test_a_killed_engine_ends_its_request_cleanly_and_the_pair_serves_again(
+    daemon: Daemon, sig: int, words: str, kill: Any
+) -> None:
+    pid = engine_pid(daemon)
+    rid, error = kill(daemon, pid, sig)
+    assert error["type"] == "engine_crashed" and words in error["message"], error
+    assert daemon.proc.poll() is None  # the daemon is up
+    (rec,) = log_lines(daemon, rid)  # exactly one line for the request
+    assert (rec["outcome"], rec["signal"]) == ("engine_crashed", signal.Signals(sig).name)
+    h = wait_until(daemon, serving_again("smollm2", pid, daemon))
+    assert h["status"] == "degraded"
+    (reason,) = h["reasons"]
+    assert reason.startswith(f"smollm2: {words}")
+    ok = daemon.post(CHAT, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8})
+    assert ok.status_code == 200
+    assert words in ok.json()["homespec"]["reason"]
+    status = daemon.get("/homespec/status").json()["pairs"][0]
+    assert [d["signal"] for d in status["engine"]["deaths"]] == [signal.Signals(sig).name]
+    assert status["engine"]["pid"] != pid and status["engine"]["memory"]["ram"] > 0
 
 
 def test_repeated_crashes_fail_the_pair_and_the_other_pairs_keep_serving(

@@ -243,8 +243,8 @@ class PairWorker:
                 LOG.warning("pair %s: %s", self.name, verdict.note)
 
     def _on_exit(self, returncode: int, site: Site) -> None:
-        if self.state == WorkerState.STOPPED:
-            return
+        if self.state in (WorkerState.STOPPED, WorkerState.FAILED):
+            return  # asked to stop, or exiting after LoadFailed: nothing to recover
         death = EngineDeath(time.monotonic(), returncode, site)
         self.deaths.append(death)
         rec = recover(
