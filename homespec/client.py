@@ -9,14 +9,10 @@ from typing import Any
 
 import httpx
 
-from homespec.errors import HomespecError, RequestError
+from homespec.errors import DaemonUnavailable, RequestError
 
 URL_ENV = "HOMESPEC_URL"
 DEFAULT_URL = "http://127.0.0.1:8080"
-
-
-class DaemonUnavailable(HomespecError):
-    exit_code = 1
 
 
 def daemon_url(explicit: str | None = None) -> str:

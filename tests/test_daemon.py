@@ -339,7 +339,8 @@ def test_unknown_model_is_a_404_listing_pairs_when_the_manifest_says_so(
     demo_manifest: Manifest, tmp_path: Path
 ) -> None:
     from homespec.daemon.service import Daemon as Service
-    from homespec.daemon.service import DaemonConfig, UnknownModel
+    from homespec.daemon.service import DaemonConfig
+    from homespec.errors import UnknownModel
     from homespec.manifest import load_manifest
 
     path = demo_manifest_file(demo_manifest, tmp_path, 'unknown_model = "error"')

@@ -30,16 +30,16 @@ from homespec.daemon.openai_api import (
     homespec_extra,
     sse,
 )
-from homespec.daemon.service import (
-    Daemon,
-    DaemonConfig,
+from homespec.daemon.service import Daemon, DaemonConfig
+from homespec.daemon.worker import Outcome, PairWorker
+from homespec.engine.types import GenerationRequest, GenerationStats
+from homespec.errors import (
+    HomespecError,
     NotReady,
     PairUnavailable,
+    RequestError,
     UnknownModel,
 )
-from homespec.daemon.worker import Outcome, PairWorker, QueueFull
-from homespec.engine.types import GenerationRequest, GenerationStats
-from homespec.errors import EngineCrashed, HomespecError, RequestError
 
 LOG = logging.getLogger("homespec.daemon")
 OPEN_PATHS = ("/health",)
@@ -165,28 +165,11 @@ def create_app(config: DaemonConfig) -> FastAPI:
     return app
 
 
-def error_kind(exc: Exception) -> tuple[int, str, dict[str, str]]:
-    """HTTP status, OpenAI error type and headers for an error, streaming or not."""
-    if isinstance(exc, QueueFull):
-        return 503, "server_busy", {"Retry-After": "2"}
-    if isinstance(exc, UnknownModel):
-        return 404, "not_found_error", {}
-    if isinstance(exc, PairUnavailable):
-        return 503, "pair_unavailable", {}
-    if isinstance(exc, NotReady):
-        return 503, "server_starting", {"Retry-After": "5"}
-    if isinstance(exc, EngineCrashed):
-        return 503, "engine_crashed", {"Retry-After": "2"}
-    if isinstance(exc, RequestError):
-        return 400, "invalid_request_error", {}
-    return 500, "server_error", {}
-
-
-def _refusal(exc: Exception) -> JSONResponse:
-    status, kind, headers = error_kind(exc)
-    message = f"{exc}: try again shortly" if isinstance(exc, QueueFull) else str(exc)
+def _refusal(exc: HomespecError) -> JSONResponse:
+    """The error response for `exc`: its status, type and Retry-After come from errors.py."""
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
     param = "model" if isinstance(exc, UnknownModel) else None
-    return _error(status, message, kind, headers, param=param)
+    return _error(exc.http_status, str(exc), exc.openai_type, headers, param=param)
 
 
 async def _complete(
@@ -219,7 +202,7 @@ async def _complete(
         req = body.to_generation(default_max_tokens=min(limit, 1024))
         await worker.check_prompt(req)
         worker.admit()
-    except (HomespecError, QueueFull) as exc:
+    except HomespecError as exc:
         response = _refusal(exc)
         response.headers["X-Request-Id"] = rid
         return response
@@ -270,7 +253,7 @@ async def _sse(
                 yield env.chunk(item.text, first=first)
                 first = False
     except HomespecError as exc:
-        yield sse(error_body(str(exc), error_kind(exc)[1]))
+        yield sse(error_body(str(exc), exc.openai_type))
     except Exception as exc:  # the headers are out: report in-band, never a broken stream
         LOG.exception("stream %s failed", env.id)
         yield sse(error_body(f"generation failed: {exc}", "server_error"))

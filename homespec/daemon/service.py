@@ -18,25 +18,13 @@ from homespec.daemon.metrics import Metrics
 from homespec.daemon.systemd import notify
 from homespec.daemon.worker import Outcome, PairWorker
 from homespec.engine.types import GenerationRequest
-from homespec.errors import HomespecError
+from homespec.errors import UnknownModel
 from homespec.manifest import Manifest
 from homespec.pairs import machine_budgets
 from homespec.reqlog import LOG_NAME, RequestLog
 from homespec.resources import Machine, held
 
 LOG = logging.getLogger("homespec.daemon")
-
-
-class UnknownModel(HomespecError):
-    exit_code = 2
-
-
-class NotReady(HomespecError):
-    exit_code = 1
-
-
-class PairUnavailable(HomespecError):
-    exit_code = 1
 
 
 @dataclass(frozen=True)

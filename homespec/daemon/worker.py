@@ -46,7 +46,7 @@ from homespec.engine.protocol import (
     Steps,
 )
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
-from homespec.errors import EngineCrashed, HomespecError, RequestError
+from homespec.errors import EngineCrashed, HomespecError, QueueFull, RequestError
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
 from homespec.resources import Machine
 
@@ -72,12 +72,6 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
     WorkerState.FAILED: frozenset({WorkerState.STOPPED}),
     WorkerState.STOPPED: frozenset(),
 }
-
-
-class QueueFull(Exception):
-    def __init__(self, pair: str, limit: int) -> None:
-        super().__init__(f"pair {pair!r} already has {limit} requests waiting or running")
-        self.pair = pair
 
 
 @dataclass
