@@ -16,11 +16,11 @@ from typing import Any
 from homespec.engine.generate import PairRuntime, generate
 from homespec.engine.types import GenerationRequest, GenerationStats
 from homespec.errors import ConfigError
+from homespec.vocab import DRAFTERS, BenchMode
 from homespec.workload import WorkItem
 
-PLAIN = "plain"
-AUTO = "auto"  # what the manifest's policy picks per task (speculation may be off)
-MODES = (PLAIN, "model", "ngram", "hybrid", AUTO)
+PLAIN: BenchMode = "plain"
+AUTO: BenchMode = "auto"  # what the manifest's policy picks per task (speculation may be off)
 Progress = Callable[[str], None]
 
 
@@ -78,7 +78,7 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 
 def available_modes(has_draft: bool) -> list[str]:
-    return [PLAIN, "model", "ngram", "hybrid"] if has_draft else [PLAIN, "ngram"]
+    return [PLAIN, *DRAFTERS] if has_draft else [PLAIN, "ngram"]
 
 
 def choose_modes(requested: str | None, *, has_draft: bool, pair: str) -> list[str]:

@@ -21,8 +21,10 @@ from homespec.cli_common import (
     config_option,
     err,
     pair_option,
+    stats_line,
 )
 from homespec.cli_daemon import report, serve, status
+from homespec.vocab import DRAFTERS
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,26 +49,6 @@ def cli(verbose: bool) -> None:
     logging.getLogger("homespec").setLevel(logging.NOTSET)  # `serve` raises it to INFO
 
 
-def stats_line(stats: dict[str, Any]) -> str:
-    parts = []
-    if stats["proposed_tokens"]:
-        parts.append(
-            f"accepted {stats['accepted_tokens']}/{stats['proposed_tokens']} "
-            f"({stats['accept_rate']:.0%})"
-        )
-    parts += [
-        f"ttft {stats['ttft_ms']:.0f} ms",
-        f"e2e {stats['e2e_ms']:.0f} ms",
-        f"{stats['tokens_per_s']:.0f} tok/s",
-    ]
-    if stats["mode"] == "speculative":
-        label = {"model": "draft model", "ngram": "n-gram", "hybrid": "n-gram + draft model"}
-        parts.append(f"speculative ({label[stats['drafter']]})")
-    else:
-        parts.append(f"plain ({stats['reason']})")
-    return " · ".join(parts)
-
-
 @cli.command()
 @click.argument("prompt")
 @config_option
@@ -80,7 +62,7 @@ def stats_line(stats: dict[str, Any]) -> str:
 )
 @click.option(
     "--drafter",
-    type=click.Choice(["model", "ngram", "hybrid"]),
+    type=click.Choice(DRAFTERS),
     help="Draft with the model, n-gram prompt lookup, or n-grams when they match else the model.",
 )
 @click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step.")

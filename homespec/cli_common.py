@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from homespec.errors import HomespecError
+from homespec.vocab import DRAFTER_LABELS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,3 +56,22 @@ def pair_option(f: F) -> F:
 
 def err(msg: str) -> None:
     click.echo(msg, err=True)
+
+
+def stats_line(stats: dict[str, Any]) -> str:
+    parts = []
+    if stats["proposed_tokens"]:
+        parts.append(
+            f"accepted {stats['accepted_tokens']}/{stats['proposed_tokens']} "
+            f"({stats['accept_rate']:.0%})"
+        )
+    parts += [
+        f"ttft {stats['ttft_ms']:.0f} ms",
+        f"e2e {stats['e2e_ms']:.0f} ms",
+        f"{stats['tokens_per_s']:.0f} tok/s",
+    ]
+    if stats["mode"] == "speculative":
+        parts.append(f"speculative ({DRAFTER_LABELS[stats['drafter']]})")
+    else:
+        parts.append(f"plain ({stats['reason']})")
+    return " · ".join(parts)

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from homespec.cli_common import config_option, err
+from homespec.cli_common import config_option, err, stats_line
 from homespec.engine.types import GenerationRequest
 from homespec.errors import ConfigError
 from homespec.sizes import fmt_size
@@ -170,7 +170,6 @@ def ask_via_daemon(
 ) -> bool:
     """Answer `req` through a running daemon; False (nothing printed) when none answers there
     or it does not serve `pair`, so the caller answers in-process."""
-    from homespec.cli import stats_line
     from homespec.client import DaemonClient
 
     client = DaemonClient(url)

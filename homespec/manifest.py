@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from homespec.errors import ConfigError, ModelFileError
 from homespec.sizes import parse_size
+from homespec.vocab import Drafter
 
 MAX_DRAFT_TOKENS = 64
 NGRAM = "ngram"
@@ -103,7 +104,7 @@ class TaskPolicy(_Strict):
 
     speculative: bool | None = None
     draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS)
-    drafter: Literal["model", "ngram", "hybrid"] | None = None
+    drafter: Drafter | None = None
     temperature: float | None = Field(None, ge=0.0, le=5.0)
 
 
@@ -113,7 +114,7 @@ class PairSpec(_Strict):
     draft_tokens: int = Field(
         6, ge=1, le=MAX_DRAFT_TOKENS, description="tokens proposed per verify step"
     )
-    drafter: Literal["model", "ngram", "hybrid"] | None = Field(
+    drafter: Drafter | None = Field(
         None, description="default: hybrid with a draft model (n-gram when it matches), else ngram"
     )
     n_ctx: int = Field(2048, ge=64, le=1_048_576)

@@ -12,8 +12,9 @@ from dataclasses import dataclass, replace
 from homespec.gguf_meta import GGUFInfo, check_pair, read_gguf
 from homespec.integrity import verify_sha256
 from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT, Manifest
-from homespec.planner import Mode, PairPlan, PairRequest, plan_pair
+from homespec.planner import PairPlan, PairRequest, plan_pair
 from homespec.resources import Machine, budgets_from
+from homespec.vocab import PlanMode
 
 
 @dataclass
@@ -48,7 +49,7 @@ def inspect_pair(manifest: Manifest, name: str | None) -> PairFiles:
     return PairFiles(name, target, draft)
 
 
-def declared_mode(manifest: Manifest, files: PairFiles) -> Mode:
+def declared_mode(manifest: Manifest, files: PairFiles) -> PlanMode:
     _, pair = manifest.pair(files.name)
     if files.plain_only_reason or pair.draft == NO_DRAFT:
         return "plain"

@@ -17,11 +17,12 @@ Estimates (docs/ARCHITECTURE.md, "Memory", has the measurements behind the const
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from homespec.gguf_meta import GGUFInfo
 from homespec.resources import RAM, Gpu, Machine
 from homespec.sizes import GiB, MiB, fmt_size
+from homespec.vocab import RUNGS, PlanMode, Rung
 
 KV_CELL_PAD = 256
 KV_BYTES_PER_ELEMENT = 2.0  # f16 K and V, llama.cpp's default cache type
@@ -33,17 +34,6 @@ ESTIMATE_MARGIN = 0.10  # added to every device's estimate
 RAM_RESERVE = 256 * MiB  # left free for the OS and the rest of the process
 GPU_RESERVE = 1 * GiB  # CUDA context and driver per GPU (llama.cpp's own fitter keeps 1 GiB)
 N_UBATCH = 512
-
-Mode = Literal["speculative", "ngram", "plain", "refused"]
-RUNGS = (
-    "co-load",  # 1: target and draft together (on the GPU, or in RAM on a CPU-only box)
-    "draft-on-cpu",  # 2: target on the GPU, draft in RAM
-    "ngram",  # 3: draft dropped, model-free n-gram drafting
-    "plain",  # 4: target only, no speculation (smaller logits buffer)
-    "smaller-context",  # 5: n_ctx reduced, never below the pair's n_ctx_min
-    "partial-offload",  # 6: only some target layers on the GPU
-    "cpu-only",  # 7: everything in RAM
-)
 
 
 @dataclass(frozen=True)
@@ -172,8 +162,8 @@ class DeviceUse:
 class Arrangement:
     """Where each model goes: the knobs the loader turns."""
 
-    rung: str
-    mode: Mode
+    rung: Rung
+    mode: PlanMode
     n_ctx: int
     target_gpu_layers: int = 0
     draft_gpu_layers: int | None = None  # None: the draft is not loaded
@@ -197,7 +187,7 @@ class PairPlan:
         return self.arrangement.rung
 
     @property
-    def mode(self) -> Mode:
+    def mode(self) -> PlanMode:
         return self.arrangement.mode
 
     @property
@@ -214,7 +204,7 @@ class PairPlan:
         return {
             "name": self.name,
             "rung": a.rung,
-            "rank": RUNGS.index(a.rung) + 1 if a.rung in RUNGS else None,
+            "rank": RUNGS.index(a.rung) + 1,
             "mode": a.mode,
             "reason": self.reason,
             "degraded": self.degraded,
@@ -238,7 +228,7 @@ class PairRequest:
     name: str
     target: GGUFInfo
     draft: GGUFInfo | None  # None: declared "ngram"/"none", or a recurrent target
-    declared: Mode  # speculative (draft model), ngram or plain
+    declared: PlanMode  # speculative (draft model), ngram or plain
     n_ctx: int
     n_ctx_min: int
     n_outputs: int  # logits positions a verify step needs
@@ -304,7 +294,7 @@ def candidates(req: PairRequest, machine: Machine) -> list[Arrangement]:
     t_layers = full if req.gpu_layers < 0 else min(req.gpu_layers, full)
     spec_out, ctx = req.n_outputs, req.n_ctx
     out: list[Arrangement] = []
-    modes: list[Mode] = ["speculative", "ngram", "plain"]
+    modes: list[PlanMode] = ["speculative", "ngram", "plain"]
     modes = modes[modes.index(req.declared) :]
     if gpu is None:
         if "speculative" in modes:
@@ -328,7 +318,7 @@ def candidates(req: PairRequest, machine: Machine) -> list[Arrangement]:
     out.append(Arrangement("plain", "plain", ctx, t_layers, None, g))
     base = Arrangement("smaller-context", "plain", ctx, t_layers, None, g)
     out += _smaller_contexts(req, base, modes, spec_out)
-    light: Mode = "ngram" if "ngram" in modes else "plain"
+    light: PlanMode = "ngram" if "ngram" in modes else "plain"
     n_out = spec_out if light == "ngram" else 1
     for layers in range(min(t_layers, req.target.block_count) - 1, 0, -1):
         out.append(Arrangement("partial-offload", light, ctx, layers, None, g, n_out))
@@ -338,7 +328,7 @@ def candidates(req: PairRequest, machine: Machine) -> list[Arrangement]:
 
 
 def _smaller_contexts(
-    req: PairRequest, base: Arrangement, modes: list[Mode], spec_out: int
+    req: PairRequest, base: Arrangement, modes: list[PlanMode], spec_out: int
 ) -> list[Arrangement]:
     """n-gram (when the pair may draft) then plain, at each smaller context down to n_ctx_min."""
     out = []

@@ -12,8 +12,6 @@ from homespec.gguf_meta import GGUFInfo
 from homespec.planner import (
     GPU_RESERVE,
     RAM_RESERVE,
-    RUNGS,
-    Mode,
     PairRequest,
     candidates,
     estimate,
@@ -22,6 +20,7 @@ from homespec.planner import (
 )
 from homespec.resources import RAM, Gpu, Machine, Ram
 from homespec.sizes import GiB, MiB
+from homespec.vocab import RUNGS, PlanMode
 
 
 def model(
@@ -71,7 +70,7 @@ DRAFT = model(layers=16, layer_mib=40, embd_mib=130, output_mib=0, n_head_kv=8, 
               n_ff=8192, head_dim=64)  # fmt: skip  # ~0.8 GiB, tied embeddings (Llama 3.2 1B)
 
 
-def request(declared: Mode = "speculative", **kw: object) -> PairRequest:
+def request(declared: PlanMode = "speculative", **kw: object) -> PairRequest:
     base = PairRequest(
         name="p",
         target=TARGET,
@@ -237,7 +236,7 @@ def ladder_index(req: PairRequest, m: Machine) -> int:
     declared=st.sampled_from(["speculative", "ngram", "plain"]),
 )
 def test_more_memory_never_picks_a_worse_rung(
-    ram: float, gpu: float | None, more_ram: float, more_gpu: float, declared: Mode
+    ram: float, gpu: float | None, more_ram: float, more_gpu: float, declared: PlanMode
 ) -> None:
     req = request(declared)
     less = ladder_index(req, box(ram, gpu))

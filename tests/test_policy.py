@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from homespec.engine.policy import decide
 from homespec.engine.types import GenerationRequest
 from homespec.errors import RequestError
 from homespec.manifest import PairSpec, TaskPolicy
-from homespec.policy import decide
 
 PAIR = PairSpec(
     target="t",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from homespec.engine.types import GenerationStats
+from homespec.vocab import PAIR_MODES
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-MODES = ("speculative", "ngram", "plain", "loading", "restarting", "failed")
 
 
 class Metrics:
@@ -78,7 +78,7 @@ class Metrics:
     def set_state(
         self, pair: str, mode: str, queue_depth: int, deaths: int, memory: dict[str, int]
     ) -> None:
-        for m in MODES:
+        for m in PAIR_MODES:
             self.mode.labels(pair, m).set(1 if m == mode else 0)
         self.queue.labels(pair).set(queue_depth)
         self.deaths.labels(pair).set(deaths)

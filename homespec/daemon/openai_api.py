@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import MAX_DRAFT_TOKENS
+from homespec.vocab import Drafter
 
 Speculative = bool | Literal["auto"]
 
@@ -54,7 +55,7 @@ class _Common(BaseModel):
     speculative: Speculative = "auto"
     task: str | None = Field(None, max_length=64)
     draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS)
-    drafter: Literal["model", "ngram", "hybrid"] | None = None
+    drafter: Drafter | None = None
 
     @field_validator("stop")
     @classmethod

@@ -49,6 +49,7 @@ from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
 from homespec.errors import EngineCrashed, HomespecError, QueueFull, RequestError
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
 from homespec.resources import Machine
+from homespec.vocab import PairMode
 
 LOG = logging.getLogger("homespec.daemon")
 ROLLING = 50  # requests in the rolling accept rate
@@ -117,7 +118,6 @@ class PairWorker:
         self.state = WorkerState.STARTING
         self.error = ""
         self.info: EngineInfo | None = None
-        self.draft_failure = ""
         self.incident = ""  # the last engine death and what was done about it
         self.without_draft = ""  # set once the draft crashed: restarts leave it out
         self.deaths: list[EngineDeath] = []
@@ -226,7 +226,6 @@ class PairWorker:
     def _on_draft(self, msg: DraftAttached) -> None:
         self.info = msg.info
         if msg.failure is not None:
-            self.draft_failure = f"draft failed to load: {msg.failure}"
             LOG.error("pair %s: %s; n-gram drafting only", self.name, msg.failure)
             return
         self.speculative_after_s = time.perf_counter() - self.started_at
@@ -277,19 +276,16 @@ class PairWorker:
     # --- what /health and status say ----------------------------------------------------------
 
     @property
-    def mode(self) -> str:
-        """What the pair does now: speculative, ngram, plain, loading, restarting or failed."""
-        if self.state in (WorkerState.FAILED, WorkerState.STOPPED):
-            return str(self.state)
+    def mode(self) -> PairMode:
+        """The engine's serving mode, or where the pair is in its life (loading, restarting,
+        failed, stopped)."""
+        if self.state == WorkerState.FAILED:
+            return "failed"
+        if self.state == WorkerState.STOPPED:
+            return "stopped"
         if self.state == WorkerState.RESTARTING:
             return "restarting"
-        if self.info is None:
-            return "loading"
-        if self.info.plain_only_reason:
-            return "plain"
-        if self.info.draft_loaded:
-            return "speculative"
-        return "ngram" if self.info.plan.mode != "plain" else "plain"
+        return "loading" if self.info is None else self.info.mode
 
     @property
     def reason(self) -> str:
@@ -299,22 +295,15 @@ class PairWorker:
             return self.incident
         if self.info is None:
             return "target model loading"
-        i = self.info
-        return (
-            i.plain_only_reason
-            or self.draft_failure
-            or self.incident  # the newest engine death (it says when the draft was dropped)
-            or i.draft_unavailable_reason
-            or i.plan.reason
-        )
+        if not self.incident or self.incident in self.info.reason:
+            return self.info.reason
+        return f"{self.incident}; {self.info.reason}"
 
     @property
     def degraded(self) -> bool:
         if self.state in (WorkerState.FAILED, WorkerState.RESTARTING):
             return True
-        if self.info is None:
-            return False
-        return self.info.plan.degraded or bool(self.draft_failure or self.incident)
+        return self.info is not None and (self.info.degraded or bool(self.incident))
 
     def notes(self) -> list[str]:
         """What every response of this pair should also say (an earlier engine death)."""

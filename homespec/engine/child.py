@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection
 from homespec.engine.crashsite import CrashSite
 from homespec.engine.generate import generate_steps, prompt_tokens
 from homespec.engine.loader import LoadedPair, attach_draft, load_pair, probe
+from homespec.engine.policy import serving_mode
 from homespec.engine.protocol import (
     AttachDraft,
     Cancel,
@@ -64,6 +65,13 @@ def failure(exc: BaseException) -> Failure:
 
 def engine_info(loaded: LoadedPair) -> EngineInfo:
     rt, files, held = loaded.runtime, loaded.files, loaded.held
+    mode, reason = serving_mode(
+        loaded.plan.mode,
+        loaded.plan.reason,
+        draft_loaded=rt.draft is not None,
+        draft_unavailable_reason=rt.draft_unavailable_reason,
+        plain_only_reason=rt.plain_only_reason,
+    )
     return EngineInfo(
         pid=os.getpid(),
         plan=loaded.plan,
@@ -73,6 +81,9 @@ def engine_info(loaded: LoadedPair) -> EngineInfo:
         draft_loaded=rt.draft is not None,
         draft_unavailable_reason=rt.draft_unavailable_reason,
         plain_only_reason=rt.plain_only_reason,
+        mode=mode,
+        reason=reason,
+        degraded=loaded.plan.degraded or rt.draft_failed,
         memory=[ModelCheck(c.role, dict(c.predicted), dict(c.measured)) for c in held.memory],
         repack=dict(held.repack),
         load_ms=dict(held.load_ms),

@@ -22,12 +22,12 @@ import numpy as np
 
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
 from homespec.engine.llama_backend import LlamaContext
+from homespec.engine.policy import decide, effective_temperature
 from homespec.engine.sampling import SamplingParams, accept_or_resample, distribution, pick
 from homespec.engine.textstream import TextStream
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
 from homespec.errors import RequestError
 from homespec.manifest import PairSpec
-from homespec.policy import decide, effective_temperature
 
 LOG = logging.getLogger("homespec.engine")
 
@@ -43,6 +43,7 @@ class PairRuntime:
     ngram: NgramDrafter
     draft_unavailable_reason: str = ""
     plain_only_reason: str = ""  # the target cannot speculate at all (e.g. recurrent state)
+    draft_failed: bool = False  # the draft model failed to load: the pair runs degraded
 
     def clear_caches(self) -> None:
         """Drop cached prompt prefixes (the bench does this so every run pays its prompt)."""

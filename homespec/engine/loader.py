@@ -301,6 +301,7 @@ def attach_draft(
         )  # fmt: skip
     except Exception as exc:
         rt.draft_unavailable_reason = f"draft failed to load: {exc}"
+        rt.draft_failed = True
         raise
     with idle or nullcontext():
         rt.draft = ModelDrafter(ctx, p_min=rt.spec.draft_p_min)

@@ -17,6 +17,7 @@ from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
 from homespec.manifest import Manifest
 from homespec.planner import PairPlan
 from homespec.resources import Machine
+from homespec.vocab import PairMode
 
 # --- daemon → child -------------------------------------------------------------------------
 
@@ -82,6 +83,9 @@ class EngineInfo:
     draft_loaded: bool
     draft_unavailable_reason: str
     plain_only_reason: str
+    mode: PairMode  # what the pair does now, and why (engine/policy.serving_mode)
+    reason: str
+    degraded: bool  # not as declared: the plan fell back, or the draft failed to load
     memory: list[ModelCheck] = field(default_factory=list)
     repack: dict[str, Verdict] = field(default_factory=dict)  # by role
     load_ms: dict[str, float] = field(default_factory=dict)

@@ -5,12 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from homespec.vocab import Drafter, DrafterOrNone, RunMode
+
 Role = Literal["system", "user", "assistant"]
-# model: the draft model; ngram: prompt lookup; hybrid: prompt lookup when it finds a match,
-# else the draft model (n-gram proposals cost nothing to make).
-SpecDrafter = Literal["model", "ngram", "hybrid"]
-DrafterKind = Literal["model", "ngram", "hybrid", "none"]
-Mode = Literal["speculative", "plain"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +30,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     task: str | None = None
     speculative: bool | None = None  # None = auto (the policy decides), True = force, False = off
-    drafter: SpecDrafter | None = None
+    drafter: Drafter | None = None
     draft_tokens: int | None = None
 
 
@@ -41,17 +38,17 @@ class GenerationRequest:
 class Decision:
     """What the policy chose for one request, and why (never silent)."""
 
-    mode: Mode
-    drafter: DrafterKind
+    mode: RunMode
+    drafter: DrafterOrNone
     draft_tokens: int
     reason: str
 
 
 @dataclass
 class GenerationStats:
-    mode: Mode
+    mode: RunMode
     reason: str
-    drafter: DrafterKind
+    drafter: DrafterOrNone
     prompt_tokens: int = 0
     completion_tokens: int = 0
     proposed_tokens: int = 0

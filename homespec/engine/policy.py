@@ -1,8 +1,11 @@
-"""First speculation policy: pure rules, each decision with a human reason.
+"""The speculation decisions, pure, each with a human reason: the one place that decides.
 
-Speculation is a bet that only pays when the draft is cheap and often right. These static rules
-turn it off where it cannot pay (short answers, hot sampling, tasks declared creative); the
-adaptive governor that learns from acceptance comes later and plugs in here.
+- `decide()`: for one request, speculate or not, with which drafter and how many tokens.
+  Speculation is a bet that only pays when the draft is cheap and often right; these static
+  rules turn it off where it cannot pay (short answers, hot sampling, tasks declared
+  creative). The adaptive governor (issue 8) replaces them here.
+- `serving_mode()`: what a loaded pair does now and why; the daemon's /health, status and
+  /metrics read it from the engine, never work it out again.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from homespec.engine.types import Decision, GenerationRequest
 from homespec.errors import RequestError
 from homespec.manifest import NGRAM, NO_DRAFT, PairSpec
+from homespec.vocab import DRAFTER_LABELS, PairMode, PlanMode
 
 
 def effective_temperature(pair: PairSpec, req: GenerationRequest) -> float:
@@ -19,13 +23,6 @@ def effective_temperature(pair: PairSpec, req: GenerationRequest) -> float:
     if task is not None and task.temperature is not None:
         return task.temperature
     return pair.sampling.temperature
-
-
-LABELS = {
-    "model": "draft model",
-    "ngram": "n-gram prompt lookup",
-    "hybrid": "n-gram lookup, else draft model",
-}
 
 
 def decide(
@@ -79,5 +76,24 @@ def decide(
         mode="speculative",
         drafter=drafter,
         draft_tokens=draft_tokens,
-        reason=f"{why} ({LABELS[drafter]}, {draft_tokens} tokens/step{degraded})",
+        reason=f"{why} ({DRAFTER_LABELS[drafter]}, {draft_tokens} tokens/step{degraded})",
+    )
+
+
+def serving_mode(
+    plan_mode: PlanMode,
+    plan_reason: str,
+    *,
+    draft_loaded: bool,
+    draft_unavailable_reason: str,
+    plain_only_reason: str,
+) -> tuple[PairMode, str]:
+    """What a loaded pair does now (speculative, ngram or plain) and why."""
+    if plain_only_reason:
+        return "plain", plain_only_reason
+    if draft_loaded:
+        return "speculative", plan_reason
+    return (
+        "plain" if plan_mode == "plain" else "ngram",
+        draft_unavailable_reason or plan_reason,
     )
