@@ -16,6 +16,8 @@ from typing import Any
 from homespec.engine.generate import PairRuntime, generate
 from homespec.engine.types import GenerationRequest, GenerationStats
 from homespec.errors import ConfigError
+from homespec.manifest import NGRAM, NO_DRAFT, Manifest
+from homespec.planner import PairPlan
 from homespec.vocab import DRAFTERS, BenchMode
 from homespec.workload import WorkItem
 
@@ -226,3 +228,68 @@ def render_table(rows: list[Row]) -> str:
             f"{span:>12} {_fmt(r.identical, '.0%'):>5}"
         )
     return "\n".join(lines)
+
+
+@dataclass
+class BenchReport:
+    pair: str
+    temperature: float
+    repeat: int
+    modes: list[str]
+    rows: list[Row]
+    plan: PairPlan
+    memory: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pair": self.pair,
+            "temperature": self.temperature,
+            "repeat": self.repeat,
+            "modes": self.modes,
+            "tasks": [r.to_dict() for r in self.rows],
+            "plan": self.plan.to_dict(),
+            "memory": self.memory,
+        }
+
+
+def bench_pair(
+    manifest: Manifest,
+    pair: str | None,
+    items: list[WorkItem],
+    *,
+    modes: str | None,
+    repeat: int,
+    temperature: float,
+    max_tokens: int | None,
+    progress: Progress,
+) -> BenchReport:
+    """Load the pair (filling its contexts once, to measure memory), run every mode on every
+    prompt, and summarize per task. `modes`: the --modes value (None: all the pair has)."""
+    from homespec.engine.loader import load_pair
+    from homespec.memcheck import memory_rows
+
+    name, spec = manifest.pair(pair)
+    has_draft = spec.draft not in (NGRAM, NO_DRAFT)
+    chosen = choose_modes(modes, has_draft=has_draft, pair=name)
+    progress("bench: loading the pair and filling its contexts once (to measure memory)…")
+    with load_pair(manifest, name, measure_peak=True) as loaded:
+        rt = loaded.runtime
+        memory = memory_rows(loaded)
+        if has_draft and rt.draft is None:
+            chosen = [m for m in chosen if m not in ("model", "hybrid")]
+            progress(f"bench: no draft model modes: {rt.draft_unavailable_reason}")
+        progress(
+            f"bench: pair {rt.name}, {len(items)} prompts × {repeat} × modes {', '.join(chosen)} "
+            f"(temperature {temperature:g})"
+        )
+        runs = run_bench(
+            rt,
+            items,
+            modes=chosen,
+            repeat=repeat,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            progress=progress,
+        )
+    rows = summarize(runs, temperature=temperature)
+    return BenchReport(name, temperature, repeat, chosen, rows, loaded.plan, memory)

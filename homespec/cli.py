@@ -207,12 +207,10 @@ def bench(
     step, speedup vs plain (ratio of medians from this run, with the per-prompt min–max) and
     the share of answers identical to plain decoding's.
     """
-    from homespec.bench import choose_modes, render_table, run_bench, summarize
+    from homespec.bench import bench_pair, render_table
     from homespec.doctor import render_memory
-    from homespec.engine.loader import load_pair
     from homespec.errors import ConfigError
     from homespec.manifest import load_manifest
-    from homespec.memcheck import memory_rows
     from homespec.workload import default_workload, load_workload
 
     manifest = load_manifest(config)
@@ -221,45 +219,23 @@ def bench(
         items = [i for i in items if i.task in tasks]
         if not items:
             raise ConfigError(f"no workload items for task(s) {', '.join(tasks)}", "check --task")
-    _, pair_spec = manifest.pair(pair)
-    has_draft = pair_spec.draft not in ("ngram", "none")
-    chosen = choose_modes(modes, has_draft=has_draft, pair=manifest.pair(pair)[0])
-    err("bench: loading the pair and filling its contexts once (to measure memory)…")
-    with load_pair(manifest, pair, measure_peak=True) as loaded:
-        rt = loaded.runtime
-        memory = memory_rows(loaded)
-        if has_draft and rt.draft is None:
-            chosen = [m for m in chosen if m not in ("model", "hybrid")]
-            err(f"bench: no draft model modes: {rt.draft_unavailable_reason}")
-        err(
-            f"bench: pair {rt.name}, {len(items)} prompts × {repeat} × modes {', '.join(chosen)} "
-            f"(temperature {temperature:g})"
-        )
-        runs = run_bench(
-            rt,
-            items,
-            modes=chosen,
-            repeat=repeat,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            progress=err,
-        )
-    rows = summarize(runs, temperature=temperature)
+    report = bench_pair(
+        manifest,
+        pair,
+        items,
+        modes=modes,
+        repeat=repeat,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        progress=err,
+    )
     if as_json:
-        payload = {
-            "pair": rt.name,
-            "temperature": temperature,
-            "repeat": repeat,
-            "modes": chosen,
-            "tasks": [r.to_dict() for r in rows],
-            "plan": loaded.plan.to_dict(),
-            "memory": memory,
-        }
-        click.echo(json.dumps(payload, indent=2))
+        click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(render_table(rows))
-        click.echo(f"\nmemory plan: {loaded.plan.rung} → {loaded.plan.mode} ({loaded.plan.reason})")
-        click.echo(render_memory(memory))
+        click.echo(render_table(report.rows))
+        p = report.plan
+        click.echo(f"\nmemory plan: {p.rung} → {p.mode} ({p.reason})")
+        click.echo(render_memory(report.memory))
 
 
 @cli.command()

@@ -171,6 +171,7 @@ def ask_via_daemon(
     """Answer `req` through a running daemon; False (nothing printed) when none answers there
     or it does not serve `pair`, so the caller answers in-process."""
     from homespec.client import DaemonClient
+    from homespec.daemon.openai_api import request_payload
 
     client = DaemonClient(url)
     health = client.health()
@@ -179,26 +180,7 @@ def ask_via_daemon(
     if pair is not None and pair not in health.get("pairs", {}):
         err(f"homespec: the daemon at {client.url} does not serve pair {pair!r}: in-process")
         return False
-    speculative: bool | str = "auto" if req.speculative is None else req.speculative
-    payload: dict[str, Any] = {
-        "model": pair,
-        "max_tokens": req.max_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": req.top_k,
-        "seed": req.seed,
-        "stop": req.stop or None,
-        "task": req.task,
-        "speculative": speculative,
-        "drafter": req.drafter,
-        "draft_tokens": req.draft_tokens,
-    }
-    payload = {k: v for k, v in payload.items() if v is not None}
-    if req.messages is not None:
-        path = "/v1/chat/completions"
-        payload["messages"] = [{"role": m.role, "content": m.content} for m in req.messages]
-    else:
-        path, payload["prompt"] = "/v1/completions", req.prompt
+    path, payload = request_payload(req, pair)
     parts: list[str] = []
     stats: dict[str, Any] = {}
     for event in client.stream(path, payload):

@@ -1,8 +1,9 @@
 """OpenAI-compatible request bodies, and the responses and SSE chunks sent back.
 
 Only what homespec can honour is accepted; OpenAI fields it cannot honour in a way that would
-change the answer (n > 1, tools, logprobs) are refused with a 400 that names them, and fields
-that are harmless to ignore (user, presence_penalty = 0, ...) are ignored. The extras homespec
+change the answer (n > 1, tools, logprobs, penalties, logit_bias, a response_format other than
+text) are refused with a 400 that names them, and fields that cannot change the answer (user,
+metadata, a zero penalty, ...) are ignored. The extras homespec
 adds: `speculative` (true | false | "auto"), `task`, `draft_tokens`, `drafter`.
 """
 
@@ -51,6 +52,15 @@ class _Common(BaseModel):
     n: int = Field(1, ge=1, le=1, description="homespec answers one choice per request")
     logprobs: bool | None = None
     tools: list[Any] | None = None
+    # Fields that would change the answer and that homespec does not implement: refused by
+    # name unless they ask for nothing (a zero penalty, an empty bias, plain text).
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
     # homespec's extras
     speculative: Speculative = "auto"
     task: str | None = Field(None, max_length=64)
@@ -69,8 +79,22 @@ class _Common(BaseModel):
     def _unsupported(self) -> _Common:
         if self.logprobs:
             raise ValueError("logprobs are not supported")
-        if self.tools:
+        if self.tools or self.functions:
             raise ValueError("tools are not supported")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise ValueError("tool_choice is not supported (homespec has no tools)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not supported: send 0 or leave it out")
+        if self.repetition_penalty not in (None, 1.0):
+            raise ValueError("repetition_penalty is not supported: send 1 or leave it out")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise ValueError(
+                f"response_format {self.response_format.get('type')!r} is not supported "
+                "(homespec does not constrain output): leave it out or use type text"
+            )
         return self
 
     def generation(self, **kw: Any) -> GenerationRequest:
@@ -115,6 +139,30 @@ class CompletionRequest(_Common):
     def to_generation(self, default_max_tokens: int) -> GenerationRequest:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
         return self.generation(prompt=prompt, max_tokens=self.max_tokens or default_max_tokens)
+
+
+def request_payload(req: GenerationRequest, pair: str | None) -> tuple[str, dict[str, Any]]:
+    """The path and OpenAI body that ask a daemon for `req` (`homespec ask` through a daemon);
+    the inverse of `to_generation()`."""
+    payload: dict[str, Any] = {
+        "model": pair,
+        "max_tokens": req.max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "seed": req.seed,
+        "stop": req.stop or None,
+        "task": req.task,
+        "speculative": "auto" if req.speculative is None else req.speculative,
+        "drafter": req.drafter,
+        "draft_tokens": req.draft_tokens,
+    }
+    payload = {k: v for k, v in payload.items() if v is not None}
+    if req.messages is not None:
+        payload["messages"] = [{"role": m.role, "content": m.content} for m in req.messages]
+        return "/v1/chat/completions", payload
+    payload["prompt"] = req.prompt
+    return "/v1/completions", payload
 
 
 def error_body(

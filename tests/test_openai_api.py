@@ -1,0 +1,81 @@
+"""The OpenAI request bodies: what `homespec ask` sends parses back to the same request, and
+fields that would change the answer are refused by name instead of dropped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from homespec.daemon.openai_api import ChatCompletionRequest, CompletionRequest, request_payload
+from homespec.engine.types import GenerationRequest, Message
+
+CHAT = [Message("system", "Be brief."), Message("user", "Name a fruit.")]
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        GenerationRequest(messages=CHAT, max_tokens=40),
+        GenerationRequest(
+            messages=CHAT,
+            max_tokens=7,
+            temperature=0.7,
+            top_p=0.9,
+            top_k=40,
+            seed=3,
+            stop=["\n\n", "END"],
+            task="code",
+            speculative=False,
+            drafter="ngram",
+            draft_tokens=12,
+        ),
+        GenerationRequest(messages=CHAT, speculative=True, drafter="model"),
+        GenerationRequest(prompt="1, 2, 3,", max_tokens=8, speculative=None),
+    ],
+    ids=["plain", "every-field", "forced", "raw-prompt"],
+)
+def test_the_payload_ask_sends_parses_back_to_the_same_request(req: GenerationRequest) -> None:
+    path, payload = request_payload(req, "smollm2")
+    assert payload["model"] == "smollm2"
+    body: ChatCompletionRequest | CompletionRequest
+    if req.messages is not None:
+        assert path == "/v1/chat/completions"
+        body = ChatCompletionRequest.model_validate(payload)
+    else:
+        assert path == "/v1/completions"
+        body = CompletionRequest.model_validate(payload)
+    assert body.to_generation(default_max_tokens=999) == req
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "x"}], **extra}
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": -1}, "frequency_penalty"),
+        ({"repetition_penalty": 1.1}, "repetition_penalty"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"response_format": {"type": "json_object"}}, "response_format 'json_object'"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"logprobs": True}, "logprobs"),
+    ],
+)
+def test_fields_that_would_change_the_answer_are_refused_by_name(
+    extra: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValidationError, match=named):
+        ChatCompletionRequest.model_validate(chat(**extra))
+
+
+def test_fields_that_ask_for_nothing_are_accepted() -> None:
+    body = ChatCompletionRequest.model_validate(
+        chat(presence_penalty=0, frequency_penalty=0.0, logit_bias={}, user="me",
+             response_format={"type": "text"}, tool_choice="none", metadata={"k": "v"})
+    )  # fmt: skip
+    assert body.to_generation(default_max_tokens=5).max_tokens == 5
