@@ -126,7 +126,7 @@ def canary(manifest: Manifest, report: PairReport) -> None:
             continue
         override = manifest.spec.models[model].repack
         try:
-            v = repack.decide(model, Path(facts["path"]), gpu_layers=gpu_layers, override=override)
+            v = repack.verdict(model, Path(facts["path"]), gpu_layers=gpu_layers, override=override)
         except EngineError as err:
             facts["canary"] = {"error": str(err)}
             report.status = max(report.status, BROKEN if role == "target" else DEGRADED)

@@ -1,4 +1,5 @@
-"""Shared fixtures. Every test gets its own HOMESPEC_HOME; engine tests use the real demo pair."""
+"""Shared fixtures. Every test gets its own HOMESPEC_HOME; engine tests use the real demo pair
+(and are marked `models`); HTTP and CLI contracts use the scripted fake target."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ from homespec.manifest import Manifest, load_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_MANIFEST = REPO / "models.toml"
+
+
+# A test that uses one of these needs the real demo models: it is marked `models`, and
+# `pytest -m "not models"` (the fast tier) leaves it out.
+MODEL_FIXTURES = {"demo_manifest", "demo_pair", "draft_path", "target_path"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.models)
 
 
 @pytest.fixture(autouse=True)

@@ -24,6 +24,25 @@ def free_port() -> int:
         return port
 
 
+REPO = Path(__file__).resolve().parent.parent
+# The daemon runs tests/fake_engine.py for every pair instead of llama.cpp (no model files).
+FAKE_ENGINE = {"HOMESPEC_ENGINE": "tests.fake_engine", "PYTHONPATH": str(REPO)}
+
+
+def fake_manifest_file(directory: Path, server: str = "") -> Path:
+    """The demo pair's shape (a draft pair and an n-gram pair over one target) with model
+    files that need not exist: for a daemon running the fake engine."""
+    path = directory / "models.toml"
+    path.write_text(
+        f'default_pair = "smollm2"\n[server]\n{server}\n'
+        '[models.t]\npath = "fake-target.gguf"\n[models.d]\npath = "fake-draft.gguf"\n'
+        '[pairs.smollm2]\ntarget = "t"\ndraft = "d"\nn_ctx = 1024\n'
+        "[pairs.smollm2.tasks.creative]\nspeculative = false\n"
+        '[pairs.smollm2-ngram]\ntarget = "t"\ndraft = "ngram"\nn_ctx = 1024\n'
+    )
+    return path
+
+
 def demo_manifest_file(demo: Manifest, directory: Path, server: str = "") -> Path:
     """The demo pair with absolute paths (so the file can live anywhere) and a small context."""
     target = demo.model_path("smollm2-135m-f32")
@@ -99,3 +118,11 @@ def wait_until(d: Daemon, ok: Any, timeout: float = 120) -> dict[str, Any]:
             pass
         time.sleep(0.1)
     raise AssertionError(f"daemon not ready in {timeout}s: {last}\n{d.log()}")
+
+
+def fake_daemon(
+    tmp: Path, *extra: str, server: str = "", env: dict[str, str] | None = None, wait: bool = True
+) -> Daemon:
+    """A daemon over fake_manifest_file() whose engines run the scripted fake target."""
+    config = fake_manifest_file(tmp, server)
+    return start_daemon(config, tmp, *extra, env={**FAKE_ENGINE, **(env or {})}, wait=wait)

@@ -1,6 +1,7 @@
 """A crash inside llama.cpp takes down one engine process, never the daemon: killed engines
-(SIGSEGV, SIGKILL) mid-stream and mid-request, a real segfault in the draft's code, crash
-loops, and the daemon's own death."""
+(SIGSEGV, SIGKILL) mid-stream and mid-request, a fault in the draft's code, crash loops, and
+the daemon's own death. The engines run the scripted fake target (tests/fake_engine.py, the
+same engine program and crash-site marker), except for one real llama.cpp segfault."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ import pytest
 
 from homespec.manifest import Manifest
 
-from .daemon_process import Daemon, demo_manifest_file, start_daemon, wait_until
+from .daemon_process import Daemon, demo_manifest_file, fake_daemon, start_daemon, wait_until
 
 CHAT = "/v1/chat/completions"
-LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
+LONG = [{"role": "user", "content": "forever The lighthouse keeper watched the sea. "}]
+SLOW = {"HOMESPEC_FAKE_DECODE_S": "0.01"}  # 400 tokens take seconds: time to kill mid-way
 
 
 def engine_pid(d: Daemon, pair: str = "smollm2") -> int:
@@ -46,8 +48,8 @@ def serving_again(pair: str, old_pid: int, d: Daemon) -> Any:
 
 
 @pytest.fixture()
-def daemon(demo_manifest: Manifest, tmp_path: Path) -> Any:
-    d = start_daemon(demo_manifest_file(demo_manifest, tmp_path), tmp_path)
+def daemon(tmp_path: Path) -> Any:
+    d = fake_daemon(tmp_path, env=SLOW)
     yield d
     d.stop()
 
@@ -119,11 +121,9 @@ def test_a_killed_engine_ends_its_request_cleanly_and_the_pair_serves_again(
     assert status["engine"]["pid"] != pid and status["engine"]["memory"]["ram"] > 0
 
 
-def test_repeated_crashes_fail_the_pair_and_the_other_pairs_keep_serving(
-    demo_manifest: Manifest, tmp_path: Path
-) -> None:
-    config = demo_manifest_file(demo_manifest, tmp_path, "engine_crash_limit = 2")
-    d = start_daemon(config, tmp_path, "--pair", "smollm2", "--pair", "smollm2-ngram")
+def test_repeated_crashes_fail_the_pair_and_the_other_pairs_keep_serving(tmp_path: Path) -> None:
+    d = fake_daemon(tmp_path, "--pair", "smollm2", "--pair", "smollm2-ngram",
+                    server="engine_crash_limit = 2")  # fmt: skip
     try:
         first = engine_pid(d)
         os.kill(first, signal.SIGSEGV)
@@ -146,6 +146,25 @@ def test_repeated_crashes_fail_the_pair_and_the_other_pairs_keep_serving(
         d.stop()
 
 
+def test_a_fault_in_the_drafts_code_restarts_the_pair_without_the_draft(tmp_path: Path) -> None:
+    d = fake_daemon(tmp_path, env={"HOMESPEC_FAKE_DRAFT_FAULT": "1"}, wait=False)
+    try:
+        want = "engine crashed (SIGSEGV) while drafting with d; restarted without the draft"
+        h = wait_until(d, lambda h: h["pairs"]["smollm2"]["reason"] == want
+                       and h["pairs"]["smollm2"]["state"] == "ready")  # fmt: skip
+        assert h["status"] == "degraded" and h["pairs"]["smollm2"]["mode"] == "ngram"
+        r = d.post(CHAT, {"messages": LONG, "max_tokens": 40})
+        assert r.status_code == 200
+        stats = r.json()["homespec"]
+        assert stats["drafter"] == "ngram" and want in stats["reason"]
+        status = d.get("/homespec/status").json()["pairs"][0]
+        assert status["models"]["draft_loaded"] is False
+        assert [x["site"] for x in status["engine"]["deaths"]] == ["drafting with the draft model"]
+    finally:
+        d.stop()
+
+
+@pytest.mark.models
 def test_a_segfault_in_the_drafts_code_restarts_the_pair_without_the_draft(
     demo_manifest: Manifest, repack_crash_shim: Path, tmp_path: Path
 ) -> None:

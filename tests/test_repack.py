@@ -40,7 +40,7 @@ def model(tmp_path: Path) -> Path:
 
 
 def decide(model: Path, runner: Runner, cache: Path, override: bool | None = None) -> Verdict:
-    return repack.decide("m", model, gpu_layers=0, override=override, runner=runner,
+    return repack.verdict("m", model, gpu_layers=0, override=override, runner=runner,
                          cache_file=cache)  # fmt: skip
 
 

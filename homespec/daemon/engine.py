@@ -26,6 +26,10 @@ from homespec.engine.protocol import Load, Stop
 from homespec.resources import RAM, cuda_used_by
 
 LOG = logging.getLogger("homespec.daemon")
+# The engine program (`python -m MODULE`). The tests point it at a scripted fake target
+# (tests/fake_engine.py) that speaks the same protocol, to test the daemon without models.
+ENGINE_ENV = "HOMESPEC_ENGINE"
+ENGINE_MODULE = "homespec.engine.child"
 
 
 class EngineProcess:
@@ -53,7 +57,8 @@ class EngineProcess:
         ours, theirs = socket.socketpair()
         self._site, site_fd = CrashSite.shared()
         level = logging.getLevelName(logging.getLogger("homespec").getEffectiveLevel())
-        cmd = [sys.executable, "-m", "homespec.engine.child", "--fd", str(theirs.fileno()),
+        module = os.environ.get(ENGINE_ENV) or ENGINE_MODULE
+        cmd = [sys.executable, "-m", module, "--fd", str(theirs.fileno()),
                "--site-fd", str(site_fd), "--pair", self.pair, "--log-level", level]  # fmt: skip
         try:
             self.proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), site_fd))

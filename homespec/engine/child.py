@@ -28,10 +28,13 @@ import resource
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from multiprocessing.connection import Connection
+from typing import Protocol
 
 from homespec.engine.crashsite import CrashSite
-from homespec.engine.generate import generate_steps, prompt_tokens
+from homespec.engine.generate import PairRuntime, generate_steps, prompt_tokens
 from homespec.engine.loader import LoadedPair, attach_draft, load_pair, probe
 from homespec.engine.policy import serving_mode
 from homespec.engine.protocol import (
@@ -53,6 +56,7 @@ from homespec.engine.protocol import (
 )
 from homespec.engine.types import GenerationStats
 from homespec.errors import HomespecError
+from homespec.resources import Machine
 
 LOG = logging.getLogger("homespec.engine")
 
@@ -90,11 +94,66 @@ def engine_info(loaded: LoadedPair) -> EngineInfo:
     )
 
 
+class Session(Protocol):
+    """A loaded pair as the engine serves it: llama.cpp's (`LlamaSession`), or the tests'
+    scripted fake (tests/fake_engine.py), which runs this same program and protocol."""
+
+    @property
+    def runtime(self) -> PairRuntime: ...
+
+    def info(self) -> EngineInfo: ...
+
+    def attach_draft(self, idle: AbstractContextManager[object]) -> None:
+        """Load the draft (raising on failure); hand it over inside `idle`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LlamaSession:
+    def __init__(self, loaded: LoadedPair) -> None:
+        self.loaded = loaded
+
+    @property
+    def runtime(self) -> PairRuntime:
+        return self.loaded.runtime
+
+    def info(self) -> EngineInfo:
+        return engine_info(self.loaded)
+
+    def attach_draft(self, idle: AbstractContextManager[object]) -> None:
+        attach_draft(self.loaded, idle=idle, warm_up=True)
+
+    def close(self) -> None:
+        self.loaded.close()
+
+
+def open_llama(load: Load, site: CrashSite) -> tuple[Session, Machine | None]:
+    """Plan and load the pair (the target only; the draft comes with AttachDraft), running
+    each model's first decode before returning. Returns the session and, when the daemon left
+    the probing to this engine, the machine it probed."""
+    machine = load.machine or probe()
+    loaded = load_pair(
+        load.manifest,
+        load.pair,
+        load_draft=False,
+        machine=machine,
+        without_draft=load.without_draft,
+        crash_site=site,
+        warm_up=True,
+    )
+    return LlamaSession(loaded), None if load.machine else machine
+
+
+Opener = Callable[[Load, CrashSite], tuple[Session, "Machine | None"]]
+
+
 class Engine:
-    def __init__(self, conn: Connection, site: CrashSite) -> None:
+    def __init__(self, conn: Connection, site: CrashSite, opener: Opener) -> None:
         self.conn = conn
         self.site = site
-        self.loaded: LoadedPair | None = None
+        self.opener = opener
+        self.session: Session | None = None
         self.work: queue.Queue[object] = queue.Queue()
         self.busy = threading.Lock()  # held while a request runs (the draft hands over outside)
         self._send_lock = threading.Lock()
@@ -111,22 +170,13 @@ class Engine:
         load = self.conn.recv()
         assert isinstance(load, Load), load
         try:
-            machine = load.machine or probe()
-            self.loaded = load_pair(
-                load.manifest,
-                load.pair,
-                load_draft=False,
-                machine=machine,
-                without_draft=load.without_draft,
-                crash_site=self.site,
-                warm_up=True,
-            )
+            self.session, probed = self.opener(load, self.site)
         except Exception as exc:  # reported to the daemon, which shows it on /health
             if not isinstance(exc, HomespecError):
                 LOG.exception("pair %s failed to load", load.pair)
             self.send(LoadFailed(failure(exc)))
             return 1
-        self.send(Loaded(engine_info(self.loaded), None if load.machine else machine))
+        self.send(Loaded(self.session.info(), probed))
         threading.Thread(target=self._read, name="engine-reader", daemon=True).start()
         while True:
             msg = self.work.get()
@@ -138,14 +188,14 @@ class Engine:
             elif isinstance(msg, Stop):
                 break
         with self.busy:
-            self.loaded.close()
+            self.session.close()
         return 0
 
     def _generate(self, msg: Generate) -> None:
-        assert self.loaded is not None
+        assert self.session is not None
         rid = msg.rid
         with self.busy:
-            gen = generate_steps(self.loaded.runtime, msg.req)
+            gen = generate_steps(self.session.runtime, msg.req)
             try:
                 for item in gen:
                     if self._is_cancelled(rid):
@@ -169,15 +219,15 @@ class Engine:
             return rid in self._cancelled
 
     def _attach_draft(self) -> None:
-        assert self.loaded is not None
+        assert self.session is not None
         try:  # loads while the target serves; hands over between requests
-            attach_draft(self.loaded, idle=self.busy, warm_up=True)
+            self.session.attach_draft(self.busy)
         except Exception as exc:
             LOG.error("pair %s: draft failed to load, n-gram drafting only: %s",
-                      self.loaded.runtime.name, exc)  # fmt: skip
-            self.send(DraftAttached(engine_info(self.loaded), failure(exc)))
+                      self.session.runtime.name, exc)  # fmt: skip
+            self.send(DraftAttached(self.session.info(), failure(exc)))
             return
-        self.send(DraftAttached(engine_info(self.loaded)))
+        self.send(DraftAttached(self.session.info()))
 
     # --- reader thread -----------------------------------------------------------------------
 
@@ -196,8 +246,8 @@ class Engine:
                 self.work.put(msg)
 
     def _count(self, msg: CountPrompt) -> None:
-        assert self.loaded is not None
-        rt = self.loaded.runtime
+        assert self.session is not None
+        rt = self.session.runtime
         try:
             n = len(prompt_tokens(rt, msg.req)[0])
         except Exception as exc:
@@ -206,7 +256,7 @@ class Engine:
         self.send(Counted(msg.qid, n, rt.target.n_ctx))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], opener: Opener = open_llama) -> int:
     ap = argparse.ArgumentParser(prog="python -m homespec.engine.child")
     ap.add_argument("--fd", type=int, required=True, help="the socket to the daemon")
     ap.add_argument("--site-fd", type=int, required=True, help="the shared crash-site byte")
@@ -224,7 +274,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no multi-GiB core files of the weights
     faulthandler.enable()  # a crash prints the Python stack (which step, which drafter)
-    return Engine(Connection(args.fd), CrashSite.from_fd(args.site_fd)).run()
+    return Engine(Connection(args.fd), CrashSite.from_fd(args.site_fd), opener).run()
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
-from homespec.engine.llama_backend import LlamaContext
 from homespec.engine.sampling import Probs, SamplingParams, distribution, sample
+from homespec.engine.target import Target
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Drafter(Protocol):
 class ModelDrafter:
     kind = "model"
 
-    def __init__(self, ctx: LlamaContext, *, p_min: float = 0.0) -> None:
+    def __init__(self, ctx: Target, *, p_min: float = 0.0) -> None:
         self.ctx = ctx
         # Stop drafting once the draft's own top probability drops below p_min: a token it is
         # unsure of is unlikely to be accepted, and every rejected draft costs target compute.

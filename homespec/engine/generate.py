@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
-from homespec.engine.llama_backend import LlamaContext
 from homespec.engine.policy import decide, effective_temperature
-from homespec.engine.sampling import SamplingParams, accept_or_resample, distribution, pick
+from homespec.engine.sampling import SamplingParams, pick, verify
+from homespec.engine.target import Target
 from homespec.engine.textstream import TextStream
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
 from homespec.errors import RequestError
@@ -38,7 +38,7 @@ class PairRuntime:
 
     name: str
     spec: PairSpec
-    target: LlamaContext
+    target: Target
     draft: ModelDrafter | None
     ngram: NgramDrafter
     draft_unavailable_reason: str = ""
@@ -177,26 +177,18 @@ def generate_steps(
         if drafts:
             stats.draft_steps += 1
             stats.proposed_tokens += len(drafts)
+        n_kept, following = verify(drafts, proposal.probs, logits, params, rng)
         emitted: list[Chunk] = []
-        for i, draft in enumerate(drafts):
-            if params.greedy:
-                token = int(np.argmax(logits[i]))
-                accepted = token == draft
-            else:
-                q = proposal.probs[i] if proposal.probs is not None else None
-                accepted, token = accept_or_resample(distribution(logits[i], params), q, draft, rng)
-            if accepted:
+        for i, token in enumerate([*drafts[:n_kept], following]):
+            kept = i < n_kept
+            if kept:
                 stats.accepted_tokens += 1
                 stats.accepted_per_position[i] += 1
-            chunk = commit(token, accepted)
+            chunk = commit(token, kept)
             if chunk:
                 emitted.append(chunk)
-            if not accepted or done:
+            if done:  # EOS or a stop string inside the step: the rest is not the answer
                 break
-        else:  # every draft kept: the target's prediction after the last one comes free
-            chunk = commit(pick(logits[len(drafts)], params, rng), False)
-            if chunk:
-                emitted.append(chunk)
         if emitted:
             yield emitted
 

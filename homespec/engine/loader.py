@@ -161,7 +161,7 @@ def _load_model(
     gpu_layers = a.target_gpu_layers if role == "target" else a.draft_gpu_layers
     assert gpu_layers is not None
     name = pair.target if role == "target" else pair.draft
-    verdict = repack.decide(
+    verdict = repack.verdict(
         name, info.path, gpu_layers=gpu_layers, override=manifest.spec.models[name].repack
     )
     held.repack[role] = verdict

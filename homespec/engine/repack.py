@@ -155,7 +155,7 @@ def _remember(file: Path, key: str, entry: dict[str, object]) -> None:
 Runner = Callable[[Path, int, bool], CanaryRun]
 
 
-def decide(
+def verdict(
     model: str,
     path: Path,
     *,

@@ -84,3 +84,32 @@ def accept_or_resample(
     if total <= 0.0:  # p == q up to rounding: any draw from p is right
         return False, sample(p, rng)
     return False, sample(residual / total, rng)
+
+
+def verify(
+    drafts: list[int],
+    q: list[Probs] | None,
+    logits: Logits,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """One verify step: how many of `drafts` the target keeps, and the token that follows them.
+
+    `logits` holds the target's rows for [last committed token] + drafts (len(drafts) + 1
+    rows); `q` the draft's distribution per drafted token when it sampled them (None: a
+    deterministic proposal). Greedy: keep drafts while they equal the target's argmax.
+    Sampling: speculative sampling per draft (accept_or_resample). The first rejection emits the
+    target's own token instead; if every draft is kept, the target's next token comes free.
+    Returns (accepted count, next token). The output is exactly the target's: token-identical
+    at temperature 0, the same distribution above it.
+    """
+    for i, draft in enumerate(drafts):
+        if params.greedy:
+            token = int(np.argmax(logits[i]))
+            accepted = token == draft
+        else:
+            qi = q[i] if q is not None else None
+            accepted, token = accept_or_resample(distribution(logits[i], params), qi, draft, rng)
+        if not accepted:
+            return i, token
+    return len(drafts), pick(logits[len(drafts)], params, rng)

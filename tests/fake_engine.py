@@ -1,0 +1,110 @@
+"""`python -m tests.fake_engine`: homespec's engine program (homespec/engine/child.py, the same
+protocol, threads and crash-site marker) over the scripted fake target instead of llama.cpp.
+
+A daemon started with HOMESPEC_ENGINE=tests.fake_engine runs it for every pair, so the HTTP
+API, the queue, cancellation, crash recovery and the CLI are tested without model files.
+The pair's manifest entry is read as usual; its model files are never opened. Set
+HOMESPEC_FAKE_DECODE_S to change how long one fake decode takes (default 2 ms), and
+HOMESPEC_FAKE_DRAFT_FAULT=1 to make the draft's first decode die by SIGSEGV.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import AbstractContextManager
+
+from homespec.engine.child import main
+from homespec.engine.crashsite import CrashSite, Site
+from homespec.engine.drafters import ModelDrafter, NgramDrafter
+from homespec.engine.generate import PairRuntime
+from homespec.engine.policy import serving_mode
+from homespec.engine.protocol import EngineInfo, Load
+from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT
+from homespec.planner import Arrangement, PairPlan
+from homespec.resources import Machine
+from homespec.vocab import PlanMode, Rung
+
+from .fake_target import BOS, FakeTarget
+
+
+class FakeSession:
+    def __init__(self, load: Load, site: CrashSite) -> None:
+        name, spec = load.manifest.pair(load.pair)
+        self.decode_s = float(os.environ.get("HOMESPEC_FAKE_DECODE_S", "0.002"))
+        self.site = site
+        self.has_draft = spec.draft not in (NGRAM, NO_DRAFT) and not load.without_draft
+        self.draft_file = f"{spec.draft}.fake" if self.has_draft else None
+        mode: PlanMode = "plain" if spec.draft == NO_DRAFT else "ngram"
+        if self.has_draft:
+            mode = "speculative"
+        rungs: dict[PlanMode, Rung] = {"speculative": "co-load", "ngram": "ngram", "plain": "plain"}
+        rung = rungs[mode]
+        arrangement = Arrangement(
+            rung=rung,
+            mode=mode,
+            n_ctx=spec.n_ctx,
+            draft_gpu_layers=0 if self.has_draft else None,
+            n_outputs=MAX_DRAFT_TOKENS + 1,
+        )
+        self.plan = PairPlan(name, arrangement, "as declared: fake models", False, rung)
+        target = FakeTarget(n_ctx=spec.n_ctx, decode_s=self.decode_s, site=site)
+        unavailable = load.without_draft or ("draft model still loading" if self.has_draft else "")
+        self._runtime = PairRuntime(
+            name=name,
+            spec=spec,
+            target=target,
+            draft=None,
+            ngram=NgramDrafter(n_min=spec.ngram_min, n_max=spec.ngram_max),
+            draft_unavailable_reason=unavailable,
+        )
+        self.target_file = f"{spec.target}.fake"
+
+    @property
+    def runtime(self) -> PairRuntime:
+        return self._runtime
+
+    def info(self) -> EngineInfo:
+        rt = self._runtime
+        mode, reason = serving_mode(
+            self.plan.mode,
+            self.plan.reason,
+            draft_loaded=rt.draft is not None,
+            draft_unavailable_reason=rt.draft_unavailable_reason,
+            plain_only_reason=rt.plain_only_reason,
+        )
+        return EngineInfo(
+            pid=os.getpid(),
+            plan=self.plan,
+            n_ctx=rt.target.n_ctx,
+            target_file=self.target_file,
+            draft_file=self.draft_file,
+            draft_loaded=rt.draft is not None,
+            draft_unavailable_reason=rt.draft_unavailable_reason,
+            plain_only_reason=rt.plain_only_reason,
+            mode=mode,
+            reason=reason,
+            degraded=False,
+        )
+
+    def attach_draft(self, idle: AbstractContextManager[object]) -> None:
+        fault = os.environ.get("HOMESPEC_FAKE_DRAFT_FAULT") == "1"
+        draft = FakeTarget(n_ctx=self._runtime.target.n_ctx, wrong_every=5,
+                           decode_s=self.decode_s / 2, site=self.site, role=Site.DRAFT,
+                           fault=fault)  # fmt: skip
+        draft.extend([BOS], 1)  # the first decode, before hand-over (as the real engine does)
+        draft.clear()
+        with idle:
+            self._runtime.draft = ModelDrafter(draft)
+            self._runtime.draft_unavailable_reason = ""
+
+    def close(self) -> None:
+        pass
+
+
+def open_fake(load: Load, site: CrashSite) -> tuple[FakeSession, Machine | None]:
+    return FakeSession(load, site), None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], opener=open_fake))

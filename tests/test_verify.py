@@ -1,0 +1,109 @@
+"""The accept/reject rule (`verify`, pure) and the loop's counted stats, on synthetic logits and
+the scripted fake target: no model files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from homespec.engine.drafters import ModelDrafter, NgramDrafter
+from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.sampling import SamplingParams, verify
+from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message
+from homespec.manifest import PairSpec
+
+from .fake_target import FakeTarget
+
+GREEDY = SamplingParams()
+
+
+def peaked(*tokens: int, vocab: int = 8) -> np.ndarray:
+    rows = np.zeros((len(tokens), vocab), dtype=np.float32)
+    for i, t in enumerate(tokens):
+        rows[i, t] = 5.0
+    return rows
+
+
+def test_greedy_keeps_the_agreeing_prefix_and_emits_the_targets_token_at_the_first_miss() -> None:
+    rng = np.random.default_rng(0)
+    assert verify([3, 4, 5], None, peaked(3, 4, 6, 7), GREEDY, rng) == (2, 6)
+    assert verify([1], None, peaked(2, 7), GREEDY, rng) == (0, 2)
+
+
+def test_greedy_all_kept_gives_the_following_token_free() -> None:
+    rng = np.random.default_rng(0)
+    assert verify([3, 4], None, peaked(3, 4, 7), GREEDY, rng) == (2, 7)
+    assert verify([], None, peaked(6), GREEDY, rng) == (0, 6)  # plain decoding: k = 0
+
+
+def test_sampling_with_a_one_hot_draft_keeps_the_targets_distribution() -> None:
+    """Accept with p(token), else resample from the rest: what is emitted is distributed as p."""
+    p = np.array([0.5, 0.3, 0.2])
+    logits = np.log(np.vstack([p, p])).astype(np.float32)
+    params = SamplingParams(temperature=1.0)
+    rng = np.random.default_rng(7)
+    n = 20_000
+    counts = np.zeros(3)
+    for _ in range(n):
+        kept, token = verify([0], None, logits, params, rng)
+        counts[0 if kept else token] += 1
+    assert np.allclose(counts / n, p, atol=0.015)
+
+
+def runtime(**draft: int) -> PairRuntime:
+    spec = PairSpec(target="t", draft="d", draft_tokens=6)
+    drafter = ModelDrafter(FakeTarget(decode_s=0, **draft))
+    return PairRuntime("p", spec, FakeTarget(decode_s=0), drafter, NgramDrafter())
+
+
+def run(rt: PairRuntime, req: GenerationRequest) -> tuple[str, GenerationStats]:
+    out = list(generate(rt, req))
+    stats = out[-1]
+    assert isinstance(stats, GenerationStats)
+    return "".join(c.text for c in out[:-1] if isinstance(c, Chunk)), stats
+
+
+ASK = [Message("user", "forever speculation is a bet on the draft. ")]
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid"])
+def test_speculative_output_is_plains_and_the_counts_add_up(drafter: str) -> None:
+    rt = runtime(wrong_every=5)
+    plain_text, plain = run(rt, GenerationRequest(messages=ASK, max_tokens=80, speculative=False))
+    req = GenerationRequest(messages=ASK, max_tokens=80, speculative=True, drafter=drafter)  # type: ignore[arg-type]
+    text, s = run(rt, req)
+    assert text == plain_text and s.completion_tokens == plain.completion_tokens == 80
+    assert 0 < s.accepted_tokens <= s.proposed_tokens
+    assert sum(s.accepted_per_position) == s.accepted_tokens
+    assert s.draft_steps <= s.verify_steps < plain.verify_steps
+    # every step commits its kept drafts plus one token of the target's (the first is the prompt's)
+    assert s.completion_tokens == 1 + s.verify_steps + s.accepted_tokens
+
+
+def test_a_draft_that_is_wrong_every_fifth_token_is_accepted_about_four_times_in_five() -> None:
+    req = GenerationRequest(messages=ASK, max_tokens=120, speculative=True, drafter="model")
+    _, s = run(runtime(wrong_every=5), req)
+    assert s.accept_rate is not None and 0.6 < s.accept_rate < 0.9
+
+
+def test_a_stop_string_inside_a_multi_token_step_ends_the_answer_there() -> None:
+    ask = [Message("user", "alpha beta STOP gamma delta")]
+    req = GenerationRequest(messages=ask, max_tokens=60, stop=["STOP"], speculative=True,
+                            drafter="model")  # fmt: skip
+    text, s = run(runtime(), req)
+    assert text == "alpha beta " and s.finish_reason == "stop"
+
+
+def test_eos_inside_a_step_ends_the_answer_and_counts_only_what_was_committed() -> None:
+    req = GenerationRequest(messages=[Message("user", "short")], max_tokens=60,
+                            speculative=True, drafter="model")  # fmt: skip
+    text, s = run(runtime(), req)
+    assert text == "short" and s.finish_reason == "stop"
+    assert s.completion_tokens == len("short") + 1  # the EOS is a committed token
+    assert s.accepted_tokens <= s.completion_tokens - 1
+
+
+def test_max_tokens_inside_a_step_is_exact() -> None:
+    req = GenerationRequest(messages=ASK, max_tokens=13, speculative=True, drafter="ngram")
+    text, s = run(runtime(), req)
+    assert s.completion_tokens == 13 and len(text) == 13 and s.finish_reason == "length"
