@@ -21,9 +21,11 @@ from homespec.sizes import fmt_size
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.option(
-    "--pair", "pairs", multiple=True, help="Pair to serve (repeatable; default: server.pairs, "
-    "else default_pair).",
-)  # fmt: skip
+    "--pair",
+    "pairs",
+    multiple=True,
+    help="Pair to serve (repeatable; default: server.pairs, else default_pair).",
+)
 @click.option(
     "--state-dir",
     envvar="HOMESPEC_STATE_DIR",

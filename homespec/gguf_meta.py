@@ -1,4 +1,5 @@
-"""GGUF metadata (via the `gguf` package) and llama.cpp's pair-compatibility rules.
+"""GGUF metadata, read by a small mmap parser (the `gguf` package gives the type constants; its
+reader was too slow on large vocabularies), and llama.cpp's pair-compatibility rules.
 
 Reading metadata never loads weights, so `ask`, `doctor` and `setup` can refuse a bad file or an
 incompatible pair before llama.cpp allocates anything.

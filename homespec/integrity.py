@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
 from homespec.errors import ModelFileError
 from homespec.paths import home_dir
 
+LOG = logging.getLogger("homespec.integrity")
 CACHE_NAME = "sha256-verified.json"
 
 
@@ -46,5 +48,9 @@ def verify_sha256(path: Path, expected: str | None, model: str) -> None:
         )
     cache[key] = actual
     tmp = cache_path.with_name(f"{CACHE_NAME}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cache, indent=0))
-    os.replace(tmp, cache_path)
+    try:
+        tmp.write_text(json.dumps(cache, indent=0))
+        os.replace(tmp, cache_path)
+    except OSError as exc:  # the check passed; not remembering it only costs a re-hash later
+        LOG.warning("could not remember the sha256 check of %s in %s: %s", path, cache_path, exc)
+        tmp.unlink(missing_ok=True)

@@ -97,9 +97,10 @@ class Machine:
         ram = replace(
             self.ram,
             available=max(0, self.ram.available - ram_used),
-            cgroup_used=None if self.ram.cgroup_limit is None
+            cgroup_used=None
+            if self.ram.cgroup_limit is None
             else (self.ram.cgroup_used or 0) + ram_used,
-        )  # fmt: skip
+        )
         gpus = tuple(replace(g, free=max(0, g.free - used.get(g.device, 0))) for g in self.gpus)
         budgets = {d: max(0, b - used.get(d, 0)) for d, b in self.budgets.items()}
         return replace(self, ram=ram, gpus=gpus, budgets=budgets)

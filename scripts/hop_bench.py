@@ -62,8 +62,13 @@ def via_daemon(
     url: str, pair: str, messages: list[Message], max_tokens: int, stream: bool = True
 ) -> float:
     chat = [{"role": m.role, "content": m.content} for m in messages]
-    body = {"model": pair, "messages": chat, "max_tokens": max_tokens, "stream": stream,
-            "speculative": False}  # fmt: skip
+    body = {
+        "model": pair,
+        "messages": chat,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "speculative": False,
+    }
     tokens = 0
     t0 = time.perf_counter()
     if not stream:
@@ -85,8 +90,19 @@ class Engine:
     def __init__(self, manifest: Any, pair: str) -> None:
         self.site, site_fd = CrashSite.shared()
         ours, theirs = socket.socketpair()
-        cmd = [sys.executable, "-m", "homespec.engine.child", "--fd", str(theirs.fileno()),
-               "--site-fd", str(site_fd), "--pair", pair, "--log-level", "WARNING"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "homespec.engine.child",
+            "--fd",
+            str(theirs.fileno()),
+            "--site-fd",
+            str(site_fd),
+            "--pair",
+            pair,
+            "--log-level",
+            "WARNING",
+        ]
         self.proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), site_fd))
         theirs.close()
         os.close(site_fd)
@@ -127,8 +143,20 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     state = tempfile.mkdtemp(prefix="homespec-hop-")
-    cmd = [sys.executable, "-m", "homespec", "serve", "--config", str(manifest.path),
-           "--pair", pair, "--port", str(port), "--state-dir", state]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "homespec",
+        "serve",
+        "--config",
+        str(manifest.path),
+        "--pair",
+        pair,
+        "--port",
+        str(port),
+        "--state-dir",
+        state,
+    ]
     daemon = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, env=os.environ.copy())
     rows: dict[str, dict[str, list[float]]] = {}
     engine = Engine(manifest, pair)
@@ -161,10 +189,14 @@ def main() -> int:
         daemon.terminate()
         daemon.wait(timeout=60)
     how = "one response" if args.no_stream else "streamed"
-    print(f"pair {pair}, plain decoding, {args.repeat} × {len(items)} prompts, interleaved, "
-          f"daemon requests {how}\n")  # fmt: skip
-    print(f"{'task':<12} {'in-process':>11} {'engine child':>13} {'daemon':>8}  "
-          f"{'engine/in':>9} {'daemon/in':>9}   (tok/s, medians)")  # fmt: skip
+    print(
+        f"pair {pair}, plain decoding, {args.repeat} × {len(items)} prompts, interleaved, "
+        f"daemon requests {how}\n"
+    )
+    print(
+        f"{'task':<12} {'in-process':>11} {'engine child':>13} {'daemon':>8}  "
+        f"{'engine/in':>9} {'daemon/in':>9}   (tok/s, medians)"
+    )
     every: dict[str, list[float]] = {"in": [], "engine": [], "daemon": []}
     for task, r in [*rows.items(), ("all", every)]:
         if task != "all":

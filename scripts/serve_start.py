@@ -38,15 +38,28 @@ def one_run(pair: str, config: str) -> tuple[float, float | None]:
     with tempfile.TemporaryDirectory() as state:
         t0 = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "homespec", "serve", "--config", config, "--pair", pair,
-             "--port", str(port), "--state-dir", state],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy(),
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "homespec",
+                "serve",
+                "--config",
+                config,
+                "--pair",
+                pair,
+                "--port",
+                str(port),
+                "--state-dir",
+                state,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=os.environ.copy(),
+        )
         try:
             first = None
             spec = None
-            body = {"model": pair, "messages": [{"role": "user", "content": "Hi"}],
-                    "max_tokens": 1}  # fmt: skip
+            body = {"model": pair, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
             while time.perf_counter() - t0 < 300:
                 if first is None:
                     try:

@@ -86,8 +86,19 @@ def start_daemon(
     port = free_port()
     state = tmp / "state"
     log_path = tmp / f"daemon-{port}.log"
-    cmd = [sys.executable, "-m", "homespec", "serve", "--config", str(manifest),
-           "--port", str(port), "--state-dir", str(state), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "homespec",
+        "serve",
+        "--config",
+        str(manifest),
+        "--port",
+        str(port),
+        "--state-dir",
+        str(state),
+        *extra,
+    ]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}

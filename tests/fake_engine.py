@@ -89,9 +89,14 @@ class FakeSession:
 
     def attach_draft(self, idle: AbstractContextManager[object]) -> None:
         fault = os.environ.get("HOMESPEC_FAKE_DRAFT_FAULT") == "1"
-        draft = FakeTarget(n_ctx=self._runtime.target.n_ctx, wrong_every=5,
-                           decode_s=self.decode_s / 2, site=self.site, role=Site.DRAFT,
-                           fault=fault)  # fmt: skip
+        draft = FakeTarget(
+            n_ctx=self._runtime.target.n_ctx,
+            wrong_every=5,
+            decode_s=self.decode_s / 2,
+            site=self.site,
+            role=Site.DRAFT,
+            fault=fault,
+        )
         draft.extend([BOS], 1)  # the first decode, before hand-over (as the real engine does)
         draft.clear()
         with idle:

@@ -15,8 +15,9 @@ def deaths(*spec: tuple[float, int, Site]) -> list[EngineDeath]:
 
 
 def test_a_fault_while_drafting_drops_the_draft_and_says_so() -> None:
-    r = recover(deaths((0, SEGV, Site.DRAFT)), draft_file="d-q4", draft_dropped=False,
-                limit=3, window_s=600)  # fmt: skip
+    r = recover(
+        deaths((0, SEGV, Site.DRAFT)), draft_file="d-q4", draft_dropped=False, limit=3, window_s=600
+    )
     assert (r.restart, r.without_draft) == (True, True)
     assert (
         r.reason == "engine crashed (SIGSEGV) while drafting with d-q4; restarted without the draft"
@@ -24,29 +25,41 @@ def test_a_fault_while_drafting_drops_the_draft_and_says_so() -> None:
 
 
 def test_an_abort_while_loading_the_draft_drops_it_too() -> None:
-    r = recover(deaths((0, ABRT, Site.LOAD_DRAFT)), draft_file="d", draft_dropped=False,
-                limit=3, window_s=600)  # fmt: skip
+    r = recover(
+        deaths((0, ABRT, Site.LOAD_DRAFT)),
+        draft_file="d",
+        draft_dropped=False,
+        limit=3,
+        window_s=600,
+    )
     assert r.without_draft and "crashed (SIGABRT) while loading the draft d" in r.reason
 
 
 def test_a_fault_in_the_target_restarts_as_it_was() -> None:
-    r = recover(deaths((0, SEGV, Site.TARGET)), draft_file="d", draft_dropped=False,
-                limit=3, window_s=600)  # fmt: skip
+    r = recover(
+        deaths((0, SEGV, Site.TARGET)), draft_file="d", draft_dropped=False, limit=3, window_s=600
+    )
     assert (r.restart, r.without_draft) == (True, False)
     assert r.reason.endswith("while decoding with the target; restarted as it was")
 
 
 def test_sigkill_while_drafting_is_not_blamed_on_the_draft() -> None:
     """The OOM killer or a person, not a bug in the draft's code: keep the pair as declared."""
-    r = recover(deaths((0, KILL, Site.DRAFT)), draft_file="d", draft_dropped=False,
-                limit=3, window_s=600)  # fmt: skip
+    r = recover(
+        deaths((0, KILL, Site.DRAFT)), draft_file="d", draft_dropped=False, limit=3, window_s=600
+    )
     assert not r.without_draft
     assert r.reason.startswith("engine killed (SIGKILL: out of memory, or by hand)")
 
 
 def test_a_dropped_draft_stays_dropped_across_later_restarts() -> None:
-    r = recover(deaths((0, SEGV, Site.DRAFT), (10, KILL, Site.IDLE)), draft_file="d",
-                draft_dropped=True, limit=3, window_s=600)  # fmt: skip
+    r = recover(
+        deaths((0, SEGV, Site.DRAFT), (10, KILL, Site.IDLE)),
+        draft_file="d",
+        draft_dropped=True,
+        limit=3,
+        window_s=600,
+    )
     assert r.restart and r.without_draft and r.reason.endswith("still without the draft")
 
 
@@ -59,8 +72,9 @@ def test_limit_deaths_in_the_window_fail_the_pair_older_ones_do_not_count() -> N
 
 
 def test_a_pair_without_a_draft_model_never_drops_one() -> None:
-    r = recover(deaths((0, SEGV, Site.DRAFT)), draft_file=None, draft_dropped=False,
-                limit=3, window_s=600)  # fmt: skip
+    r = recover(
+        deaths((0, SEGV, Site.DRAFT)), draft_file=None, draft_dropped=False, limit=3, window_s=600
+    )
     assert r.restart and not r.without_draft
 
 

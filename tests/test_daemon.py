@@ -24,8 +24,16 @@ from homespec.cli import cli
 from .daemon_process import Daemon, fake_daemon, fake_manifest_file, wait_until
 
 CHAT = "/v1/chat/completions"
-STATS_KEYS = {"proposed_tokens", "accepted_tokens", "accept_rate", "ttft_ms", "e2e_ms",
-              "tokens_per_s", "mode", "reason"}  # fmt: skip
+STATS_KEYS = {
+    "proposed_tokens",
+    "accepted_tokens",
+    "accept_rate",
+    "ttft_ms",
+    "e2e_ms",
+    "tokens_per_s",
+    "mode",
+    "reason",
+}
 
 
 def user(text: str) -> list[dict[str, str]]:
@@ -38,9 +46,15 @@ LONG = "forever Once upon a time, a lighthouse keeper kept a very long watch. "
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     tmp = tmp_path_factory.mktemp("daemon")
-    d = fake_daemon(tmp, "--pair", "smollm2", "--pair", "smollm2-ngram",
-                    server="max_queue = 2\nmax_tokens_limit = 512",
-                    env={"HOMESPEC_FAKE_DECODE_S": "0.005"})  # fmt: skip
+    d = fake_daemon(
+        tmp,
+        "--pair",
+        "smollm2",
+        "--pair",
+        "smollm2-ngram",
+        server="max_queue = 2\nmax_tokens_limit = 512",
+        env={"HOMESPEC_FAKE_DECODE_S": "0.005"},
+    )
     yield d
     d.stop()
 
@@ -78,13 +92,17 @@ def test_openai_sdk_streaming_puts_stats_in_the_last_chunk(sdk: OpenAI) -> None:
 
 def test_speculation_off_per_request_via_extra_body(sdk: OpenAI) -> None:
     r = sdk.chat.completions.create(
-        model="smollm2", messages=user("Say hello."), max_tokens=40,
+        model="smollm2",
+        messages=user("Say hello."),
+        max_tokens=40,
         extra_body={"speculative": False},
-    )  # type: ignore[call-overload]  # fmt: skip
+    )  # type: ignore[call-overload]
     stats = r.model_dump()["homespec"]
     assert (stats["mode"], stats["reason"], stats["proposed_tokens"]) == (
-        "plain", "request: speculation off", 0,
-    )  # fmt: skip
+        "plain",
+        "request: speculation off",
+        0,
+    )
 
 
 def test_placeholder_model_is_served_by_the_default_pair_and_says_so(daemon: Daemon) -> None:
@@ -100,8 +118,9 @@ def test_placeholder_model_is_served_by_the_default_pair_and_says_so(daemon: Dae
 
 
 def test_text_completions_and_models(daemon: Daemon) -> None:
-    r = daemon.post("/v1/completions", {"model": "smollm2-ngram", "prompt": "1, 2, 3,",
-                                        "max_tokens": 8})  # fmt: skip
+    r = daemon.post(
+        "/v1/completions", {"model": "smollm2-ngram", "prompt": "1, 2, 3,", "max_tokens": 8}
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["text"]
     ids = [m["id"] for m in daemon.get("/v1/models").json()["data"]]
     assert ids == ["smollm2", "smollm2-ngram"]
@@ -112,16 +131,22 @@ def test_text_completions_and_models(daemon: Daemon) -> None:
     [
         (b"{not json", 400, "not valid JSON"),
         (b'{"messages": "hello"}', 400, "messages: Input should be a valid list"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}', 400,
-         "max_tokens"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}', 400,
-         "max_tokens 100000 is over this daemon's limit of 512"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}',
+            400,
+            "max_tokens",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}',
+            400,
+            "max_tokens 100000 is over this daemon's limit of 512",
+        ),
         (b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n:"),
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages.0.role"),
         (b'{"model": "smollm2", "messages": []}', 400, "messages"),
     ],
     ids=["malformed", "wrong-type", "bad-max-tokens", "over-limit", "n", "role", "empty"],
-)  # fmt: skip
+)
 def test_client_mistakes_get_400_envelopes(
     daemon: Daemon, body: bytes, status: int, needle: str
 ) -> None:
@@ -198,13 +223,23 @@ def test_every_request_is_one_log_line_with_its_stats(daemon: Daemon) -> None:
 def test_metrics_parse_with_prometheus_client(daemon: Daemon) -> None:
     daemon.post(CHAT, {"messages": user("Hi"), "max_tokens": 40, "speculative": True})
     families = {f.name: f for f in text_string_to_metric_families(daemon.get("/metrics").text)}
-    for name in ("homespec_requests", "homespec_tokens", "homespec_draft_proposed_tokens",
-                 "homespec_draft_accepted_tokens", "homespec_draft_accepted_at_position",
-                 "homespec_ttft_seconds", "homespec_e2e_seconds", "homespec_pair_mode",
-                 "homespec_queue_depth"):  # fmt: skip
+    for name in (
+        "homespec_requests",
+        "homespec_tokens",
+        "homespec_draft_proposed_tokens",
+        "homespec_draft_accepted_tokens",
+        "homespec_draft_accepted_at_position",
+        "homespec_ttft_seconds",
+        "homespec_e2e_seconds",
+        "homespec_pair_mode",
+        "homespec_queue_depth",
+    ):
         assert name in families, name
-    modes = {s.labels["mode"]: s.value for s in families["homespec_pair_mode"].samples
-             if s.labels["pair"] == "smollm2"}  # fmt: skip
+    modes = {
+        s.labels["mode"]: s.value
+        for s in families["homespec_pair_mode"].samples
+        if s.labels["pair"] == "smollm2"
+    }
     assert modes["speculative"] == 1 and modes["plain"] == 0
 
 
@@ -225,8 +260,9 @@ def test_status_and_report_cli_against_the_live_daemon(daemon: Daemon) -> None:
 
 
 def test_ask_uses_the_daemon_and_says_so(daemon: Daemon) -> None:
-    r = CliRunner().invoke(cli, ["ask", "Say hi.", "--max-tokens", "8", "--json",
-                                 "--url", daemon.url])  # fmt: skip
+    r = CliRunner().invoke(
+        cli, ["ask", "Say hi.", "--max-tokens", "8", "--json", "--url", daemon.url]
+    )
     assert r.exit_code == 0, r.output
     payload = json.loads(r.stdout)
     assert payload["via"] == daemon.url and payload["text"]
@@ -263,8 +299,10 @@ def test_sigterm_drains_the_in_flight_stream_then_exits(tmp_path: Path) -> None:
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # plays systemd's NOTIFY_SOCKET
     notify.bind(str(tmp_path / "notify.sock"))
     notify.settimeout(30)
-    d = fake_daemon(tmp_path, env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
-                                   "HOMESPEC_FAKE_DECODE_S": "0.01"})  # fmt: skip
+    d = fake_daemon(
+        tmp_path,
+        env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "HOMESPEC_FAKE_DECODE_S": "0.01"},
+    )
     assert notify.recv(4096).startswith(b"READY=1\nSTATUS=serving pair smollm2")
     body = {"messages": user(LONG), "max_tokens": 60, "stream": True, "speculative": False}
     lines: list[str] = []

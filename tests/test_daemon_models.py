@@ -47,12 +47,24 @@ def test_two_pairs_that_do_not_fit_together_leave_the_first_serving(
     """Pairs load one after another, each planned on what the earlier ones left: under a
     1400 MiB budget the co-loaded demo pair (~880 MiB) fits and the second pair (~680 MiB)
     cannot, so it is refused with the reason while the daemon stays up."""
-    d = start_daemon(demo_manifest_file(demo_manifest, tmp_path), tmp_path,
-                     "--pair", "smollm2", "--pair", "smollm2-ngram",
-                     env={"HOMESPEC_MEMORY_BUDGET": "ram=1400MiB"}, wait=False)  # fmt: skip
+    d = start_daemon(
+        demo_manifest_file(demo_manifest, tmp_path),
+        tmp_path,
+        "--pair",
+        "smollm2",
+        "--pair",
+        "smollm2-ngram",
+        env={"HOMESPEC_MEMORY_BUDGET": "ram=1400MiB"},
+        wait=False,
+    )
     try:
-        h = wait_until(d, lambda h: h["pairs"]["smollm2"]["mode"] == "speculative"
-                       and h["pairs"]["smollm2-ngram"]["state"] == "failed")  # fmt: skip
+        h = wait_until(
+            d,
+            lambda h: (
+                h["pairs"]["smollm2"]["mode"] == "speculative"
+                and h["pairs"]["smollm2-ngram"]["state"] == "failed"
+            ),
+        )
         assert h["status"] == "degraded"
         (reason,) = h["reasons"]
         assert reason.startswith("smollm2-ngram: pair 'smollm2-ngram' does not fit even as")

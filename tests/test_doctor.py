@@ -38,8 +38,11 @@ def test_doctor_plan_json_is_the_loader_s_plan(demo_manifest: Manifest) -> None:
     assert set(pairs) == {"smollm2", "smollm2-ngram"}
     p = pairs["smollm2"]
     assert (p["rung"], p["mode"], p["draft_loaded"], p["n_ctx"]) == (
-        "co-load", "speculative", True, 2048,
-    )  # fmt: skip
+        "co-load",
+        "speculative",
+        True,
+        2048,
+    )
     ram = p["devices"][0]
     assert ram["device"] == "ram" and ram["fits"]
     # The KV caches follow the metadata: 30 layers × 3 KV heads × 128 × 2 bytes × 2048 cells.
@@ -57,8 +60,9 @@ def test_budget_makes_the_pair_fall_back_and_say_why(
     assert "900.0 MiB usable" in out
     assert "budget ram" in out
     # ask still answers, without the draft, and the stats say why.
-    code, out, err = ask_demo("Write a Python function that adds two numbers.", "--json",
-                              "--max-tokens", "40")  # fmt: skip
+    code, out, err = ask_demo(
+        "Write a Python function that adds two numbers.", "--json", "--max-tokens", "40"
+    )
     assert code == 0, err
     payload = json.loads(out)
     assert payload["text"]

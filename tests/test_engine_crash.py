@@ -122,8 +122,9 @@ def test_a_killed_engine_ends_its_request_cleanly_and_the_pair_serves_again(
 
 
 def test_repeated_crashes_fail_the_pair_and_the_other_pairs_keep_serving(tmp_path: Path) -> None:
-    d = fake_daemon(tmp_path, "--pair", "smollm2", "--pair", "smollm2-ngram",
-                    server="engine_crash_limit = 2")  # fmt: skip
+    d = fake_daemon(
+        tmp_path, "--pair", "smollm2", "--pair", "smollm2-ngram", server="engine_crash_limit = 2"
+    )
     try:
         first = engine_pid(d)
         os.kill(first, signal.SIGSEGV)
@@ -135,8 +136,14 @@ def test_repeated_crashes_fail_the_pair_and_the_other_pairs_keep_serving(tmp_pat
         refused = d.post(CHAT, {"model": "smollm2", "messages": [{"role": "user", "content": "x"}]})
         assert refused.status_code == 503
         assert refused.json()["error"]["type"] == "pair_unavailable"
-        other = d.post(CHAT, {"model": "smollm2-ngram", "max_tokens": 8,
-                              "messages": [{"role": "user", "content": "Hi"}]})  # fmt: skip
+        other = d.post(
+            CHAT,
+            {
+                "model": "smollm2-ngram",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "Hi"}],
+            },
+        )
         assert other.status_code == 200
         metrics = d.get("/metrics").text
         assert 'homespec_engine_deaths{pair="smollm2"} 2.0' in metrics
@@ -150,8 +157,13 @@ def test_a_fault_in_the_drafts_code_restarts_the_pair_without_the_draft(tmp_path
     d = fake_daemon(tmp_path, env={"HOMESPEC_FAKE_DRAFT_FAULT": "1"}, wait=False)
     try:
         want = "engine crashed (SIGSEGV) while drafting with d; restarted without the draft"
-        h = wait_until(d, lambda h: h["pairs"]["smollm2"]["reason"] == want
-                       and h["pairs"]["smollm2"]["state"] == "ready")  # fmt: skip
+        h = wait_until(
+            d,
+            lambda h: (
+                h["pairs"]["smollm2"]["reason"] == want
+                and h["pairs"]["smollm2"]["state"] == "ready"
+            ),
+        )
         assert h["status"] == "degraded" and h["pairs"]["smollm2"]["mode"] == "ngram"
         r = d.post(CHAT, {"messages": LONG, "max_tokens": 40})
         assert r.status_code == 200
@@ -178,8 +190,13 @@ def test_a_segfault_in_the_drafts_code_restarts_the_pair_without_the_draft(
     d = start_daemon(config, tmp_path, env={"LD_PRELOAD": str(repack_crash_shim)}, wait=False)
     try:
         want = "engine crashed (SIGSEGV) while drafting with d; restarted without the draft"
-        h = wait_until(d, lambda h: h["pairs"]["smollm2"]["reason"] == want
-                       and h["pairs"]["smollm2"]["state"] == "ready")  # fmt: skip
+        h = wait_until(
+            d,
+            lambda h: (
+                h["pairs"]["smollm2"]["reason"] == want
+                and h["pairs"]["smollm2"]["state"] == "ready"
+            ),
+        )
         assert h["status"] == "degraded" and h["pairs"]["smollm2"]["mode"] == "ngram"
         r = d.post(CHAT, {"messages": LONG, "max_tokens": 40})
         assert r.status_code == 200

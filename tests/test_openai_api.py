@@ -75,7 +75,14 @@ def test_fields_that_would_change_the_answer_are_refused_by_name(
 
 def test_fields_that_ask_for_nothing_are_accepted() -> None:
     body = ChatCompletionRequest.model_validate(
-        chat(presence_penalty=0, frequency_penalty=0.0, logit_bias={}, user="me",
-             response_format={"type": "text"}, tool_choice="none", metadata={"k": "v"})
-    )  # fmt: skip
+        chat(
+            presence_penalty=0,
+            frequency_penalty=0.0,
+            logit_bias={},
+            user="me",
+            response_format={"type": "text"},
+            tool_choice="none",
+            metadata={"k": "v"},
+        )
+    )
     assert body.to_generation(default_max_tokens=5).max_tokens == 5

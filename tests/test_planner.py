@@ -66,8 +66,17 @@ def model(
 
 
 TARGET = model()  # ~7.4 GiB of weights
-DRAFT = model(layers=16, layer_mib=40, embd_mib=130, output_mib=0, n_head_kv=8, n_embd=2048,
-              n_ff=8192, head_dim=64)  # fmt: skip  # ~0.8 GiB, tied embeddings (Llama 3.2 1B)
+# ~0.8 GiB, tied embeddings (Llama 3.2 1B)
+DRAFT = model(
+    layers=16,
+    layer_mib=40,
+    embd_mib=130,
+    output_mib=0,
+    n_head_kv=8,
+    n_embd=2048,
+    n_ff=8192,
+    head_dim=64,
+)
 
 
 def request(declared: PlanMode = "speculative", **kw: object) -> PairRequest:
@@ -249,5 +258,15 @@ def test_plan_dict_is_the_documented_shape() -> None:
     assert {"name", "rung", "mode", "reason", "devices"} <= set(d)
     assert d["rank"] == RUNGS.index(d["rung"]) + 1
     dev = d["devices"][0]
-    assert {"device", "target_weights", "target_kv", "draft_weights", "draft_kv", "compute",
-            "margin", "need", "free", "fits"} == set(dev)  # fmt: skip
+    assert {
+        "device",
+        "target_weights",
+        "target_kv",
+        "draft_weights",
+        "draft_kv",
+        "compute",
+        "margin",
+        "need",
+        "free",
+        "fits",
+    } == set(dev)

@@ -40,8 +40,9 @@ def model(tmp_path: Path) -> Path:
 
 
 def decide(model: Path, runner: Runner, cache: Path, override: bool | None = None) -> Verdict:
-    return repack.verdict("m", model, gpu_layers=0, override=override, runner=runner,
-                         cache_file=cache)  # fmt: skip
+    return repack.verdict(
+        "m", model, gpu_layers=0, override=override, runner=runner, cache_file=cache
+    )
 
 
 def test_a_passing_canary_keeps_repacking_and_is_remembered(model: Path, tmp_path: Path) -> None:
@@ -105,8 +106,13 @@ def test_an_unwritable_cache_only_means_checking_again(model: Path, tmp_path: Pa
 
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "homespec", *args], capture_output=True,
-                          text=True, env={**os.environ, **env}, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "homespec", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
 
 
 def test_a_machine_where_repacking_crashes_still_answers_with_the_draft_model(
@@ -119,13 +125,33 @@ def test_a_machine_where_repacking_crashes_still_answers_with_the_draft_model(
     env = {"LD_PRELOAD": str(repack_crash_shim), "HOMESPEC_CACHE_DIR": str(tmp_path / "cache")}
     config = str(demo_manifest.path)
     crashed = subprocess.run(
-        [sys.executable, "-m", "homespec.engine.canary",
-         str(demo_manifest.model_path("smollm2-135m-q4_1")), "--repack", "on"],
-        env={**os.environ, **env}, capture_output=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "homespec.engine.canary",
+            str(demo_manifest.model_path("smollm2-135m-q4_1")),
+            "--repack",
+            "on",
+        ],
+        env={**os.environ, **env},
+        capture_output=True,
+        timeout=120,
+    )
     assert crashed.returncode == -signal.SIGSEGV  # the shim really crashes llama.cpp
-    r = run_cli("ask", "--local", "--config", config, "--drafter", "model", "--spec",
-                "--max-tokens", "40", "--json", "Write a story about a fox.", env=env)  # fmt: skip
+    r = run_cli(
+        "ask",
+        "--local",
+        "--config",
+        config,
+        "--drafter",
+        "model",
+        "--spec",
+        "--max-tokens",
+        "40",
+        "--json",
+        "Write a story about a fox.",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     stats = json.loads(r.stdout)["stats"]
     assert (stats["mode"], stats["drafter"]) == ("speculative", "model")

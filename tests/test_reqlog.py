@@ -14,12 +14,30 @@ from homespec.reqlog import RequestLog, parse_since, read, render, report
 NOW = 1_800_000_000.0
 
 
-def rec(t: float, *, pair: str = "p", task: str = "code", proposed: int = 10,
-        accepted: int = 9, ttft: float = 100, e2e: float = 1000, mode: str = "speculative",
-        outcome: str = "ok") -> dict[str, Any]:  # fmt: skip
-    return {"time": t, "pair": pair, "task": task, "mode": mode, "outcome": outcome,
-            "proposed_tokens": proposed, "accepted_tokens": accepted, "ttft_ms": ttft,
-            "e2e_ms": e2e, "tokens_per_s": 30.0}  # fmt: skip
+def rec(
+    t: float,
+    *,
+    pair: str = "p",
+    task: str = "code",
+    proposed: int = 10,
+    accepted: int = 9,
+    ttft: float = 100,
+    e2e: float = 1000,
+    mode: str = "speculative",
+    outcome: str = "ok",
+) -> dict[str, Any]:
+    return {
+        "time": t,
+        "pair": pair,
+        "task": task,
+        "mode": mode,
+        "outcome": outcome,
+        "proposed_tokens": proposed,
+        "accepted_tokens": accepted,
+        "ttft_ms": ttft,
+        "e2e_ms": e2e,
+        "tokens_per_s": 30.0,
+    }
 
 
 def test_concurrent_appends_are_whole_lines(tmp_path: Path) -> None:

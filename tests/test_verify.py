@@ -88,15 +88,17 @@ def test_a_draft_that_is_wrong_every_fifth_token_is_accepted_about_four_times_in
 
 def test_a_stop_string_inside_a_multi_token_step_ends_the_answer_there() -> None:
     ask = [Message("user", "alpha beta STOP gamma delta")]
-    req = GenerationRequest(messages=ask, max_tokens=60, stop=["STOP"], speculative=True,
-                            drafter="model")  # fmt: skip
+    req = GenerationRequest(
+        messages=ask, max_tokens=60, stop=["STOP"], speculative=True, drafter="model"
+    )
     text, s = run(runtime(), req)
     assert text == "alpha beta " and s.finish_reason == "stop"
 
 
 def test_eos_inside_a_step_ends_the_answer_and_counts_only_what_was_committed() -> None:
-    req = GenerationRequest(messages=[Message("user", "short")], max_tokens=60,
-                            speculative=True, drafter="model")  # fmt: skip
+    req = GenerationRequest(
+        messages=[Message("user", "short")], max_tokens=60, speculative=True, drafter="model"
+    )
     text, s = run(runtime(), req)
     assert text == "short" and s.finish_reason == "stop"
     assert s.completion_tokens == len("short") + 1  # the EOS is a committed token

@@ -105,8 +105,11 @@ def create_app(config: DaemonConfig) -> FastAPI:
             given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
             given = given or request.headers.get("x-api-key", "")
             if not hmac.compare_digest(given.encode(), key.encode()):
-                return _error(401, "missing or wrong API key (Authorization: Bearer …)",
-                              "authentication_error")  # fmt: skip
+                return _error(
+                    401,
+                    "missing or wrong API key (Authorization: Bearer …)",
+                    "authentication_error",
+                )
         return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
@@ -148,10 +151,15 @@ def create_app(config: DaemonConfig) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         data = [
-            {"id": w.name, "object": "model", "created": int(daemon.started_at),
-             "owned_by": "homespec", "homespec": {"state": w.state, "mode": w.mode}}
+            {
+                "id": w.name,
+                "object": "model",
+                "created": int(daemon.started_at),
+                "owned_by": "homespec",
+                "homespec": {"state": w.state, "mode": w.mode},
+            }
             for w in daemon.workers.values()
-        ]  # fmt: skip
+        ]
         return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -197,8 +205,10 @@ async def _complete(
         cap = body.max_completion_tokens if isinstance(body, ChatCompletionRequest) else None
         asked = cap or body.max_tokens
         if asked is not None and asked > limit:
-            raise RequestError(f"max_tokens {asked} is over this daemon's limit of {limit}",
-                               "ask for fewer tokens (server.max_tokens_limit)")  # fmt: skip
+            raise RequestError(
+                f"max_tokens {asked} is over this daemon's limit of {limit}",
+                "ask for fewer tokens (server.max_tokens_limit)",
+            )
         req = body.to_generation(default_max_tokens=min(limit, 1024))
         await worker.check_prompt(req)
         worker.admit()

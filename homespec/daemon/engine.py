@@ -58,8 +58,19 @@ class EngineProcess:
         self._site, site_fd = CrashSite.shared()
         level = logging.getLevelName(logging.getLogger("homespec").getEffectiveLevel())
         module = os.environ.get(ENGINE_ENV) or ENGINE_MODULE
-        cmd = [sys.executable, "-m", module, "--fd", str(theirs.fileno()),
-               "--site-fd", str(site_fd), "--pair", self.pair, "--log-level", level]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            module,
+            "--fd",
+            str(theirs.fileno()),
+            "--site-fd",
+            str(site_fd),
+            "--pair",
+            self.pair,
+            "--log-level",
+            level,
+        ]
         try:
             self.proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), site_fd))
         finally:

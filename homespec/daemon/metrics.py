@@ -15,9 +15,11 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "homespec_requests", "Requests by pair, mode and outcome", ["pair", "mode", "outcome"],
+            "homespec_requests",
+            "Requests by pair, mode and outcome",
+            ["pair", "mode", "outcome"],
             registry=r,
-        )  # fmt: skip
+        )
         self.tokens = Counter(
             "homespec_tokens", "Prompt and completion tokens", ["pair", "kind"], registry=r
         )
@@ -34,17 +36,25 @@ class Metrics:
             registry=r,
         )
         self.ttft = Histogram(
-            "homespec_ttft_seconds", "Time to first token", ["pair"], buckets=LATENCY_BUCKETS,
+            "homespec_ttft_seconds",
+            "Time to first token",
+            ["pair"],
+            buckets=LATENCY_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
         self.e2e = Histogram(
-            "homespec_e2e_seconds", "Request latency, end to end", ["pair"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.mode = Gauge(
-            "homespec_pair_mode", "1 for the mode each pair runs in now", ["pair", "mode"],
+            "homespec_e2e_seconds",
+            "Request latency, end to end",
+            ["pair"],
+            buckets=LATENCY_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
+        self.mode = Gauge(
+            "homespec_pair_mode",
+            "1 for the mode each pair runs in now",
+            ["pair", "mode"],
+            registry=r,
+        )
         self.queue = Gauge(
             "homespec_queue_depth", "Requests waiting or running per pair", ["pair"], registry=r
         )

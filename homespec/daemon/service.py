@@ -151,10 +151,21 @@ class Daemon:
         if s is not None:
             d = s.to_dict()
             for key in (
-                "mode", "drafter", "reason", "prompt_tokens", "completion_tokens",
-                "proposed_tokens", "accepted_tokens", "accept_rate", "ttft_ms", "e2e_ms",
-                "tokens_per_s", "finish_reason", "draft_steps", "verify_steps",
-            ):  # fmt: skip
+                "mode",
+                "drafter",
+                "reason",
+                "prompt_tokens",
+                "completion_tokens",
+                "proposed_tokens",
+                "accepted_tokens",
+                "accept_rate",
+                "ttft_ms",
+                "e2e_ms",
+                "tokens_per_s",
+                "finish_reason",
+                "draft_steps",
+                "verify_steps",
+            ):
                 rec[key] = d[key]
         try:
             self.log.append(rec)

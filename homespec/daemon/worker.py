@@ -189,11 +189,19 @@ class PairWorker:
         if self.ready_after_s is None:
             self.ready_after_s = time.perf_counter() - self.started_at
         if restarted:
-            LOG.info("pair %s: engine %d serving again, %.1f s after the restart", self.name,
-                     msg.info.pid, time.perf_counter() - self._spawned_at)  # fmt: skip
+            LOG.info(
+                "pair %s: engine %d serving again, %.1f s after the restart",
+                self.name,
+                msg.info.pid,
+                time.perf_counter() - self._spawned_at,
+            )
         else:
-            LOG.info("pair %s: target ready after %.1f s (engine %d), serving", self.name,
-                     self.ready_after_s, msg.info.pid)  # fmt: skip
+            LOG.info(
+                "pair %s: target ready after %.1f s (engine %d), serving",
+                self.name,
+                self.ready_after_s,
+                msg.info.pid,
+            )
         for verdict in msg.info.repack.values():
             if verdict.note:
                 LOG.warning("pair %s: %s", self.name, verdict.note)
@@ -229,8 +237,9 @@ class PairWorker:
             LOG.error("pair %s: %s; n-gram drafting only", self.name, msg.failure)
             return
         self.speculative_after_s = time.perf_counter() - self.started_at
-        LOG.info("pair %s: draft attached after %.1f s, speculative", self.name,
-                 self.speculative_after_s)  # fmt: skip
+        LOG.info(
+            "pair %s: draft attached after %.1f s, speculative", self.name, self.speculative_after_s
+        )
         for verdict in msg.info.repack.values():
             if verdict.note and msg.info.draft_loaded:
                 LOG.warning("pair %s: %s", self.name, verdict.note)
@@ -364,8 +373,9 @@ class PairWorker:
             async with self._turn:
                 engine = self._engine
                 if engine is None or self.state != WorkerState.READY:
-                    raise EngineCrashed(f"pair {self.name!r} is {self.mode}: {self.reason}",
-                                        "retry shortly")  # fmt: skip
+                    raise EngineCrashed(
+                        f"pair {self.name!r} is {self.mode}: {self.reason}", "retry shortly"
+                    )
                 inbox: asyncio.Queue[object] = asyncio.Queue()
                 self._streams[rid] = inbox
                 try:

@@ -223,8 +223,11 @@ class Engine:
         try:  # loads while the target serves; hands over between requests
             self.session.attach_draft(self.busy)
         except Exception as exc:
-            LOG.error("pair %s: draft failed to load, n-gram drafting only: %s",
-                      self.session.runtime.name, exc)  # fmt: skip
+            LOG.error(
+                "pair %s: draft failed to load, n-gram drafting only: %s",
+                self.session.runtime.name,
+                exc,
+            )
             self.send(DraftAttached(self.session.info(), failure(exc)))
             return
         self.send(DraftAttached(self.session.info()))

@@ -132,9 +132,12 @@ def _used(gpu: str | None) -> dict[str, int]:
 def _footprint(files: PairFiles, a: Arrangement, role: str) -> Footprint:
     if role == "target":
         return estimate(
-            files.target, n_ctx=a.n_ctx, n_outputs=a.n_outputs, gpu_layers=a.target_gpu_layers,
+            files.target,
+            n_ctx=a.n_ctx,
+            n_outputs=a.n_outputs,
+            gpu_layers=a.target_gpu_layers,
             gpu=a.gpu,
-        )  # fmt: skip
+        )
     assert files.draft is not None and a.draft_gpu_layers is not None
     return estimate(
         files.draft, n_ctx=a.n_ctx, n_outputs=1, gpu_layers=a.draft_gpu_layers, gpu=a.gpu
@@ -258,9 +261,15 @@ def load_pair(
     site = crash_site or CrashSite()
     try:
         target_ctx = _load_model(
-            manifest, files, the_plan, held, "target",
-            site=site, measure_peak=measure_peak, warm_up=warm_up,
-        )  # fmt: skip
+            manifest,
+            files,
+            the_plan,
+            held,
+            "target",
+            site=site,
+            measure_peak=measure_peak,
+            warm_up=warm_up,
+        )
         runtime = PairRuntime(
             name=name,
             spec=pair,
@@ -296,9 +305,15 @@ def attach_draft(
         return True
     try:
         ctx = _load_model(
-            loaded.manifest, loaded.files, loaded.plan, loaded.held, "draft",
-            site=loaded.crash_site, measure_peak=measure_peak, warm_up=warm_up,
-        )  # fmt: skip
+            loaded.manifest,
+            loaded.files,
+            loaded.plan,
+            loaded.held,
+            "draft",
+            site=loaded.crash_site,
+            measure_peak=measure_peak,
+            warm_up=warm_up,
+        )
     except Exception as exc:
         rt.draft_unavailable_reason = f"draft failed to load: {exc}"
         rt.draft_failed = True

@@ -74,8 +74,16 @@ def signal_name(returncode: int) -> str:
 
 
 def run_canary(path: Path, gpu_layers: int, repack: bool) -> CanaryRun:
-    cmd = [sys.executable, "-m", "homespec.engine.canary", str(path),
-           "--gpu-layers", str(gpu_layers), "--repack", "on" if repack else "off"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "homespec.engine.canary",
+        str(path),
+        "--gpu-layers",
+        str(gpu_layers),
+        "--repack",
+        "on" if repack else "off",
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=CANARY_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -128,8 +136,7 @@ def cpu_id() -> str:
 
 def cache_key(path: Path, gpu_layers: int) -> str:
     st = path.stat()
-    return (f"{build_id()}|{cpu_id()}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-            f"|gpu{gpu_layers}")  # fmt: skip
+    return f"{build_id()}|{cpu_id()}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|gpu{gpu_layers}"
 
 
 def _read_cache(file: Path) -> dict[str, dict[str, object]]:
