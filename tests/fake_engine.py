@@ -14,11 +14,10 @@ import os
 import sys
 from contextlib import AbstractContextManager
 
-from homespec.engine.child import main
+from homespec.engine.child import describe, main
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
-from homespec.engine.policy import serving_mode
 from homespec.engine.protocol import EngineInfo, Load
 from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT
 from homespec.planner import Arrangement, PairPlan
@@ -65,25 +64,11 @@ class FakeSession:
         return self._runtime
 
     def info(self) -> EngineInfo:
-        rt = self._runtime
-        mode, reason = serving_mode(
-            self.plan.mode,
-            self.plan.reason,
-            draft_loaded=rt.draft is not None,
-            draft_unavailable_reason=rt.draft_unavailable_reason,
-            plain_only_reason=rt.plain_only_reason,
-        )
-        return EngineInfo(
-            pid=os.getpid(),
-            plan=self.plan,
-            n_ctx=rt.target.n_ctx,
+        return describe(
+            self._runtime,
+            self.plan,
             target_file=self.target_file,
             draft_file=self.draft_file,
-            draft_loaded=rt.draft is not None,
-            draft_unavailable_reason=rt.draft_unavailable_reason,
-            plain_only_reason=rt.plain_only_reason,
-            mode=mode,
-            reason=reason,
             degraded=False,
         )
 

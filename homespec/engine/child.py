@@ -35,7 +35,7 @@ from typing import Protocol
 
 from homespec.engine.crashsite import CrashSite
 from homespec.engine.generate import PairRuntime, generate_steps, prompt_tokens
-from homespec.engine.loader import LoadedPair, attach_draft, load_pair, probe
+from homespec.engine.loader import Held, LoadedPair, attach_draft, load_pair, probe
 from homespec.engine.policy import serving_mode
 from homespec.engine.protocol import (
     AttachDraft,
@@ -56,6 +56,7 @@ from homespec.engine.protocol import (
 )
 from homespec.engine.types import GenerationStats
 from homespec.errors import HomespecError
+from homespec.planner import PairPlan
 from homespec.resources import Machine
 
 LOG = logging.getLogger("homespec.engine")
@@ -67,30 +68,40 @@ def failure(exc: BaseException) -> Failure:
     return Failure("EngineError", f"{type(exc).__name__}: {exc}", "a bug: see the daemon's log")
 
 
-def engine_info(loaded: LoadedPair) -> EngineInfo:
-    rt, files, held = loaded.runtime, loaded.files, loaded.held
+def describe(
+    rt: PairRuntime,
+    plan: PairPlan,
+    *,
+    target_file: str,
+    draft_file: str | None,
+    degraded: bool,
+    held: Held | None = None,
+) -> EngineInfo:
+    """The EngineInfo of a loaded pair: the one place its serving mode is worked out."""
     mode, reason = serving_mode(
-        loaded.plan.mode,
-        loaded.plan.reason,
+        plan.mode,
+        plan.reason,
         draft_loaded=rt.draft is not None,
         draft_unavailable_reason=rt.draft_unavailable_reason,
         plain_only_reason=rt.plain_only_reason,
     )
     return EngineInfo(
         pid=os.getpid(),
-        plan=loaded.plan,
+        plan=plan,
         n_ctx=rt.target.n_ctx,
-        target_file=files.target.path.name,
-        draft_file=files.draft.path.name if files.draft else None,
+        target_file=target_file,
+        draft_file=draft_file,
         draft_loaded=rt.draft is not None,
         draft_unavailable_reason=rt.draft_unavailable_reason,
         plain_only_reason=rt.plain_only_reason,
         mode=mode,
         reason=reason,
-        degraded=loaded.plan.degraded or rt.draft_failed,
-        memory=[ModelCheck(c.role, dict(c.predicted), dict(c.measured)) for c in held.memory],
-        repack=dict(held.repack),
-        load_ms=dict(held.load_ms),
+        degraded=degraded or rt.draft_failed,
+        memory=[ModelCheck(c.role, dict(c.predicted), dict(c.measured)) for c in held.memory]
+        if held
+        else [],
+        repack=dict(held.repack) if held else {},
+        load_ms=dict(held.load_ms) if held else {},
     )
 
 
@@ -119,7 +130,15 @@ class LlamaSession:
         return self.loaded.runtime
 
     def info(self) -> EngineInfo:
-        return engine_info(self.loaded)
+        files = self.loaded.files
+        return describe(
+            self.loaded.runtime,
+            self.loaded.plan,
+            target_file=files.target.path.name,
+            draft_file=files.draft.path.name if files.draft else None,
+            degraded=self.loaded.plan.degraded,
+            held=self.loaded.held,
+        )
 
     def attach_draft(self, idle: AbstractContextManager[object]) -> None:
         attach_draft(self.loaded, idle=idle, warm_up=True)
