@@ -259,8 +259,9 @@ class Manifest:
                 f"{self.path}: no pair named {name!r}", f"known pairs: {known}"
             ) from None
 
-    def model_path(self, model: str) -> Path:
-        """Where the model's file is (or will be, for one `homespec setup` has yet to make)."""
+    def model_path(self, model: str) -> Path | None:
+        """Where the model's file is (or will be, for one `homespec setup` has yet to make);
+        None for a file inside a Python package that is not installed (yet)."""
         spec = self.spec.models[model]
         if spec.path is not None:
             p = Path(spec.path).expanduser()
@@ -269,12 +270,12 @@ class Manifest:
         # find_spec locates the package without importing (executing) it.
         found = importlib_util.find_spec(spec.package)
         if found is None or not found.submodule_search_locations:
-            return Path(f"<package {spec.package} not installed>") / spec.file
+            return None
         return Path(next(iter(found.submodule_search_locations))) / spec.file
 
     def require_model_file(self, model: str, pair: str) -> Path:
         path = self.model_path(model)
-        if path.is_file():
+        if path is not None and path.is_file():
             return path
         spec = self.spec.models[model]
         if spec.derive or spec.pip or spec.assemble:
@@ -282,9 +283,7 @@ class Manifest:
         else:
             hint = f"put the file there or fix models.{model}.path in {self.path}"
         where = (
-            f"package {spec.package!r} is not installed"
-            if "<package" in str(path)
-            else f"{path} not found"
+            f"package {spec.package!r} is not installed" if path is None else f"{path} not found"
         )
         raise ModelFileError(f"pair {pair!r} needs model {model!r}: {where}", hint)
 

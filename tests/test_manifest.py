@@ -121,3 +121,15 @@ def test_memory_budget_and_min_context_are_validated(tmp_path: Path) -> None:
     m = parse_manifest(base + '[memory]\nbudget = { ram = "1.5GiB" }\n', tmp_path / "m.toml")
     assert m.spec.memory.budget == {"ram": "1.5GiB"}
     assert m.spec.pairs["p"].min_context == 512
+
+
+def test_a_model_in_a_package_that_is_not_installed_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text(
+        '[models.m]\npackage = "no_such_homespec_pkg"\nfile = "m.gguf"\n'
+        'pip = ["no-such-homespec-pkg"]\n[pairs.p]\ntarget = "m"\ndraft = "ngram"\n'
+    )
+    manifest = load_manifest(path)
+    assert manifest.model_path("m") is None
+    with pytest.raises(ModelFileError, match="package 'no_such_homespec_pkg' is not installed"):
+        manifest.require_model_file("m", "p")

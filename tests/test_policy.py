@@ -81,3 +81,15 @@ def test_a_target_that_cannot_roll_back_never_speculates() -> None:
         req = GenerationRequest(prompt="x", **kw)  # type: ignore[arg-type]
         d = decide("p", PAIR, req, draft_available=False, plain_only_reason="recurrent")
         assert (d.mode, d.reason) == ("plain", "recurrent")
+
+
+def test_each_step_drafts_within_the_room_left_and_the_logits_one_decode_returns() -> None:
+    from homespec.engine.policy import step_tokens
+    from homespec.engine.types import Decision
+
+    spec = Decision("speculative", "ngram", 6, "speculative")
+    assert step_tokens(spec, room=100, max_outputs=65) == 6
+    assert step_tokens(spec, room=2, max_outputs=65) == 2
+    assert step_tokens(spec, room=100, max_outputs=4) == 3
+    assert step_tokens(spec, room=-1, max_outputs=65) == 0
+    assert step_tokens(Decision("plain", "none", 0, "off"), room=100, max_outputs=65) == 0

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
-from homespec.engine.policy import decide, effective_temperature
+from homespec.engine.policy import decide, effective_temperature, step_tokens
 from homespec.engine.sampling import SamplingParams, pick, verify
 from homespec.engine.target import Target
 from homespec.engine.textstream import TextStream
@@ -169,7 +169,7 @@ def generate_steps(
 
     while not done:
         room = min(max_new - stats.completion_tokens, rt.target.n_ctx - len(history)) - 1
-        k = min(decision.draft_tokens, room, rt.target.n_outputs_max - 1)
+        k = step_tokens(decision, room=room, max_outputs=rt.target.n_outputs_max)
         proposal = drafter.propose(history, k, params, rng) if drafter and k > 0 else Proposal([])
         drafts = proposal.tokens
         logits = rt.target.extend(history + drafts, len(drafts) + 1)

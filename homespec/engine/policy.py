@@ -80,6 +80,15 @@ def decide(
     )
 
 
+def step_tokens(decision: Decision, *, room: int, max_outputs: int) -> int:
+    """How many tokens to draft in the next verify step: the decision's draft length, within
+    the answer's room left and what one target decode may return logits for. Asked once per
+    step: the adaptive governor (issue 8) decides here from the step's history."""
+    if decision.mode != "speculative":
+        return 0
+    return max(0, min(decision.draft_tokens, room, max_outputs - 1))
+
+
 def serving_mode(
     plan_mode: PlanMode,
     plan_reason: str,
