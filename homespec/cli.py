@@ -20,6 +20,7 @@ from homespec.cli_common import (
     StderrHandler,
     config_option,
     err,
+    load_llama_first,
     pair_option,
     stats_line,
 )
@@ -108,10 +109,7 @@ def ask(
     streams to stdout; one stats line goes to stderr. PROMPT "-" reads stdin.
     """
     from homespec.cli_daemon import ask_via_daemon
-    from homespec.engine.generate import generate
-    from homespec.engine.loader import load_pair
     from homespec.engine.types import GenerationRequest, GenerationStats, Message
-    from homespec.manifest import load_manifest
 
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -136,6 +134,11 @@ def ask(
     )
     if not local and not explain and ask_via_daemon(url, req, pair, as_json=as_json):
         return
+    load_llama_first()
+    from homespec.engine.generate import generate
+    from homespec.engine.loader import load_pair
+    from homespec.manifest import load_manifest
+
     manifest = load_manifest(config)
     color = sys.stdout.isatty()
     in_draft = False  # --explain without a terminal: [brackets] around accepted-draft spans
@@ -207,6 +210,7 @@ def bench(
     step, speedup vs plain (ratio of medians from this run, with the per-prompt min–max) and
     the share of answers identical to plain decoding's.
     """
+    load_llama_first()
     from homespec.bench import bench_pair, render_table
     from homespec.doctor import render_memory
     from homespec.errors import ConfigError
@@ -267,6 +271,7 @@ def doctor(
     Exit code: 0 every pair runs as declared, 1 one runs degraded (e.g. draft dropped), 2 one
     cannot run.
     """
+    load_llama_first()
     from homespec import doctor as doc
     from homespec.engine.loader import probe
     from homespec.manifest import load_manifest
@@ -320,6 +325,7 @@ def setup(config: Path | None, pairs: tuple[str, ...], all_pairs: bool) -> None:
 
     Idempotent: files already present are left alone. Default: the default pair only.
     """
+    load_llama_first()
     from homespec.manifest import load_manifest
     from homespec.setup_models import setup_pairs
 
@@ -344,6 +350,7 @@ def derive_cmd(src: Path, dst: Path, file_type: str, force: bool) -> None:
 
     A model derived from the target shares its vocabulary, so it is always a compatible draft.
     """
+    load_llama_first()
     from homespec.setup_models import derive
 
     derive(src, dst, file_type, report=err, force=force)

@@ -54,6 +54,13 @@ def pair_option(f: F) -> F:
     return click.option("--pair", help="Pair name from models.toml (default: default_pair).")(f)
 
 
+def load_llama_first() -> None:
+    """Load llama.cpp's shared library before numpy's: on an H100 a CUDA build crashed at model
+    load when numpy came first. A command that runs llama.cpp in this process calls this
+    before importing anything else of the engine."""
+    import homespec.engine.llama_backend  # noqa: F401
+
+
 def err(msg: str) -> None:
     click.echo(msg, err=True)
 

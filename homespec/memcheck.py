@@ -3,6 +3,10 @@ measured memory as JSON. Run by `homespec doctor --measure` in a fresh process p
 
 from __future__ import annotations
 
+# llama.cpp's library must load before numpy's (a CUDA build crashed at model load otherwise).
+import homespec.engine.llama_backend  # noqa: F401
+
+# isort: split
 import json
 import sys
 from typing import Any
