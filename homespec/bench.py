@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.generate import PairRuntime, calibrate, generate
 from homespec.engine.types import GenerationRequest, GenerationStats
 from homespec.errors import ConfigError
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
@@ -275,6 +275,7 @@ def bench_pair(
     with load_pair(manifest, name, measure_peak=True) as loaded:
         rt = loaded.runtime
         memory = memory_rows(loaded)
+        calibrate(rt)  # the governor ("auto") starts from this machine's costs
         if has_draft and rt.draft is None:
             chosen = [m for m in chosen if m not in ("model", "hybrid")]
             progress(f"bench: no draft model modes: {rt.draft_unavailable_reason}")

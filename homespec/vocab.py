@@ -12,11 +12,13 @@ from typing import Literal, get_args
 # hybrid: prompt lookup when it finds a match, else the draft model.
 Drafter = Literal["model", "ngram", "hybrid"]
 DRAFTERS: tuple[Drafter, ...] = get_args(Drafter)
-DrafterOrNone = Literal["model", "ngram", "hybrid", "none"]
+# What a request ran with: a forced drafter, the governor's per-step choice ("auto"), or none.
+DrafterOrNone = Literal["model", "ngram", "hybrid", "auto", "none"]
 DRAFTER_LABELS: dict[str, str] = {
     "model": "draft model",
     "ngram": "n-gram prompt lookup",
     "hybrid": "n-gram lookup, else draft model",
+    "auto": "governor",
     "none": "none",
 }
 

@@ -15,6 +15,7 @@ from homespec.engine.loader import LoadedPair
 from homespec.engine.sampling import SamplingParams, distribution
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message
 from homespec.errors import RequestError
+from homespec.manifest import TaskPolicy
 
 PROMPTS = [
     "Write a bash function that backs up a directory with tar and keeps the 7 newest archives.",
@@ -64,7 +65,8 @@ class RecordingDrafter:
 
 
 class RecordingRuntime(PairRuntime):
-    """The real runtime, with every drafter it hands out wrapped in a RecordingDrafter."""
+    """The real runtime, with every drafter it hands out wrapped in a RecordingDrafter. The
+    governor ("auto") looks up n-grams every step, so its n-gram drafter records too."""
 
     recorder: RecordingDrafter | None = None
 
@@ -74,12 +76,15 @@ class RecordingRuntime(PairRuntime):
 
 
 def recording(rt: PairRuntime) -> RecordingRuntime:
-    return RecordingRuntime(**{f: getattr(rt, f) for f in rt.__dataclass_fields__})
+    rec = RecordingRuntime(**{f: getattr(rt, f) for f in rt.__dataclass_fields__})
+    rec.recorder = rec.ngram = RecordingDrafter(rt.ngram)  # type: ignore[assignment]
+    return rec
 
 
+@pytest.mark.parametrize("drafter", ["model", None], ids=["draft-model", "governor"])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_speculative_equals_plain(
-    demo_pair: LoadedPair, prompt: str, monkeypatch: pytest.MonkeyPatch
+    demo_pair: LoadedPair, prompt: str, drafter: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rt = demo_pair.runtime
     # Keep the plain run's own logits for every position it predicted.
@@ -95,9 +100,13 @@ def test_greedy_speculative_equals_plain(
     plain, pstats, _ = run(rt, messages=chat(prompt), max_tokens=96, speculative=False)
     monkeypatch.undo()
     rec_rt = recording(rt)
-    spec, sstats, _ = run(rec_rt, messages=chat(prompt), max_tokens=96, speculative=True)
-    assert pstats.mode == "plain" and sstats.mode == "speculative"
-    assert sstats.proposed_tokens > 0 and sstats.accepted_tokens > 0
+    spec, sstats, _ = run(
+        rec_rt, messages=chat(prompt), max_tokens=96, speculative=True, drafter=drafter
+    )
+    assert pstats.mode == "plain"
+    if drafter is not None:  # the governor may find a step not worth drafting; a forced one drafts
+        assert sstats.mode == "speculative"
+        assert sstats.proposed_tokens > 0 and sstats.accepted_tokens > 0
     if spec == plain:
         return
     # They part somewhere. Batched and one-token evaluations (and different KV-cache layouts)
@@ -261,7 +270,9 @@ def test_plain_runs_always_say_why(demo_pair: LoadedPair) -> None:
     rt = demo_pair.runtime
     _, stats, _ = run(rt, messages=chat("hi"), max_tokens=8)
     assert (stats.mode, stats.reason) == ("plain", "max_tokens 8 < 32")
-    _, stats, _ = run(rt, messages=chat("a poem"), max_tokens=40, task="creative")
+    off = {"creative": TaskPolicy(speculative=False)}
+    rt_off = replace(rt, spec=rt.spec.model_copy(update={"tasks": off}))
+    _, stats, _ = run(rt_off, messages=chat("a poem"), max_tokens=40, task="creative")
     assert (stats.mode, stats.reason) == ("plain", "task creative: speculation off")
 
 
@@ -305,8 +316,15 @@ def test_prompt_longer_than_one_batch_is_chunked(demo_pair: LoadedPair) -> None:
 
 
 def test_seeded_sampling_is_reproducible(demo_pair: LoadedPair) -> None:
+    """For one drafting path. With the governor the path depends on what the pair has learned
+    meanwhile, so a seed reproduces the distribution, not the sample: pin a drafter for that."""
     rt = demo_pair.runtime
-    kw = {"messages": chat("Name three fruits."), "max_tokens": 40, "temperature": 0.8}
+    kw = {
+        "messages": chat("Name three fruits."),
+        "max_tokens": 40,
+        "temperature": 0.8,
+        "drafter": "model",
+    }
     # From a cold cache: a reused prompt prefix is re-evaluated in a different batch shape, which
     # can move logits in the last bits and so flip a sample that sat on a boundary.
     rt.clear_caches()

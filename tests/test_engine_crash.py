@@ -167,7 +167,8 @@ def restarted_without_the_draft(d: Daemon) -> None:
         r = d.post(CHAT, {"messages": LONG, "max_tokens": 40})
         assert r.status_code == 200
         stats = r.json()["homespec"]
-        assert stats["drafter"] == "ngram" and want in stats["reason"]
+        assert stats["drafter"] == "auto" and want in stats["reason"]
+        assert "draft model" not in stats["reason"].split("steps:")[-1]  # never drafted with it
         assert "Fatal Python error: Segmentation fault" in d.log()  # the engine's stack
         status = d.get("/homespec/status").json()["pairs"][0]
         assert status["models"]["draft_loaded"] is False

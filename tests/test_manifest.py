@@ -29,7 +29,9 @@ def test_shipped_manifest_is_valid() -> None:
     m = load_manifest(SHIPPED_MANIFEST)
     assert m.default_pair == "smollm2"
     assert {"smollm2", "smollm2-ngram", "gemma3"} <= set(m.spec.pairs)
-    assert m.spec.pairs["smollm2"].tasks["creative"].speculative is False
+    # No drafter or draft length is forced: the governor chooses them.
+    assert m.spec.pairs["smollm2"].drafter is None
+    assert "draft_tokens" not in m.spec.pairs["smollm2"].model_fields_set
 
 
 def test_relative_paths_resolve_against_the_manifest() -> None:

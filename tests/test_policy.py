@@ -24,11 +24,15 @@ def _decide(pair: PairSpec = PAIR, available: bool = True, **kw: object):  # typ
     return decide("p", pair, req, draft_available=available, unavailable_reason="draft dropped")
 
 
-def test_default_speculates_with_ngram_lookup_then_the_draft_model() -> None:
+def test_by_default_the_governor_drafts_capped_by_a_draft_tokens_set_anywhere() -> None:
     d = _decide(max_tokens=256)
-    assert (d.mode, d.drafter, d.draft_tokens) == ("speculative", "hybrid", 6)
-    assert "n-gram lookup, else draft model" in d.reason
-    assert _decide(PAIR.model_copy(update={"drafter": "model"})).drafter == "model"
+    assert (d.mode, d.drafter, d.draft_tokens) == ("speculative", "auto", 6)
+    assert "(governor, at most 6 tokens/step)" in d.reason
+    unset = PairSpec(target="t", draft="d")  # draft_tokens not given: only the hard cap
+    assert _decide(unset).draft_tokens == 64
+    forced = _decide(PAIR.model_copy(update={"drafter": "hybrid"}))
+    assert (forced.drafter, forced.draft_tokens) == ("hybrid", 6)
+    assert "n-gram lookup, else draft model, 6 tokens/step" in forced.reason
 
 
 @pytest.mark.parametrize(
@@ -60,7 +64,10 @@ def test_task_overrides_draft_length_and_drafter() -> None:
 
 
 def test_unavailable_draft_falls_back_to_ngram_or_plain_and_says_so() -> None:
-    d = _decide(available=False)  # hybrid: n-gram lookup needs no model
+    d = _decide(available=False)  # the governor: n-gram lookup needs no model
+    assert (d.mode, d.drafter) == ("speculative", "auto")
+    assert "draft dropped: n-gram lookup only" in d.reason
+    d = _decide(available=False, drafter="hybrid")
     assert (d.mode, d.drafter) == ("speculative", "ngram")
     assert "draft dropped: n-gram lookup only" in d.reason
     d = _decide(available=False, drafter="model")
@@ -69,7 +76,7 @@ def test_unavailable_draft_falls_back_to_ngram_or_plain_and_says_so() -> None:
 
 def test_ngram_pair_and_no_draft_pair() -> None:
     ngram = PAIR.model_copy(update={"draft": "ngram"})
-    assert _decide(ngram).drafter == "ngram"
+    assert _decide(ngram).drafter == "auto"
     with pytest.raises(RequestError, match="has no draft model"):
         _decide(ngram, drafter="model")
     none = PAIR.model_copy(update={"draft": "none", "tasks": {}})

@@ -246,6 +246,10 @@ class Daemon:
                 "draft": info.draft_file,
                 "draft_loaded": info.draft_loaded,
             }
+            out["costs"] = {
+                "verify_ms": {str(n): round(ms, 2) for n, ms in sorted(info.verify_ms.items())},
+                "draft_ms_per_token": None if info.draft_ms is None else round(info.draft_ms, 2),
+            }
             out["repack"] = {
                 role: {"repack": v.repack, "source": v.source, "note": v.note or None}
                 for role, v in info.repack.items()

@@ -208,8 +208,9 @@ class PairWorker:
         if self.on_ready:
             self.on_ready(self)
         self._resolve_loaded(True)
-        if msg.info.draft_file and msg.info.plan.arrangement.draft_gpu_layers is not None:
-            self._draft_task = asyncio.get_running_loop().create_task(self._attach_draft())
+        # The draft (if the plan has room for it) and the governor's cost calibration come
+        # next, once the queue is quiet.
+        self._draft_task = asyncio.get_running_loop().create_task(self._attach_draft())
 
     def _resolve_loaded(self, ok: bool) -> None:
         if self._loaded is not None and not self._loaded.done():
@@ -219,7 +220,8 @@ class PairWorker:
         """Let the requests that queued up during a (re)start go first: loading the draft while
         they run would slow them down on a busy CPU (a two-model start must not answer later
         than a target-only one). Wait until the queue has been empty for QUIET_S, at most
-        MAX_DRAFT_DELAY_S; the engine then loads the draft while the target keeps serving."""
+        MAX_DRAFT_DELAY_S; the engine then loads the draft while the target keeps serving, and
+        measures the decode costs the governor starts from."""
         deadline = time.monotonic() + MAX_DRAFT_DELAY_S
         quiet_since = time.monotonic()
         while time.monotonic() < deadline:
@@ -236,6 +238,8 @@ class PairWorker:
         if msg.failure is not None:
             LOG.error("pair %s: %s; n-gram drafting only", self.name, msg.failure)
             return
+        if not msg.info.draft_loaded:
+            return  # no draft in the plan: the engine only measured its costs
         self.speculative_after_s = time.perf_counter() - self.started_at
         LOG.info(
             "pair %s: draft attached after %.1f s, speculative", self.name, self.speculative_after_s

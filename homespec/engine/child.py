@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection
 from typing import Protocol
 
 from homespec.engine.crashsite import CrashSite
-from homespec.engine.generate import PairRuntime, generate_steps, prompt_tokens
+from homespec.engine.generate import PairRuntime, calibrate, generate_steps, prompt_tokens
 from homespec.engine.loader import Held, LoadedPair, attach_draft, load_pair, probe
 from homespec.engine.policy import serving_mode
 from homespec.engine.protocol import (
@@ -102,6 +102,8 @@ def describe(
         else [],
         repack=dict(held.repack) if held else {},
         load_ms=dict(held.load_ms) if held else {},
+        verify_ms=dict(rt.ledger.verify.points),
+        draft_ms=rt.ledger.draft_ms,
     )
 
 
@@ -115,7 +117,8 @@ class Session(Protocol):
     def info(self) -> EngineInfo: ...
 
     def attach_draft(self, idle: AbstractContextManager[object]) -> None:
-        """Load the draft (raising on failure); hand it over inside `idle`."""
+        """Load the draft if the pair has one (raising on failure), hand it over inside
+        `idle`, and measure the decode costs the governor starts from (inside `idle` too)."""
         ...
 
     def close(self) -> None: ...
@@ -141,7 +144,11 @@ class LlamaSession:
         )
 
     def attach_draft(self, idle: AbstractContextManager[object]) -> None:
-        attach_draft(self.loaded, idle=idle, warm_up=True)
+        try:
+            attach_draft(self.loaded, idle=idle, warm_up=True)
+        finally:  # with or without a draft, between requests
+            with idle:
+                calibrate(self.loaded.runtime)
 
     def close(self) -> None:
         self.loaded.close()

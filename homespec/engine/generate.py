@@ -16,11 +16,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
+from homespec.engine.governor import Choice, Ledger, choose
 from homespec.engine.policy import decide, effective_temperature, step_tokens
 from homespec.engine.sampling import SamplingParams, pick, verify
 from homespec.engine.target import Target
@@ -44,6 +45,7 @@ class PairRuntime:
     draft_unavailable_reason: str = ""
     plain_only_reason: str = ""  # the target cannot speculate at all (e.g. recurrent state)
     draft_failed: bool = False  # the draft model failed to load: the pair runs degraded
+    ledger: Ledger = field(default_factory=Ledger)  # what the governor has measured
 
     def clear_caches(self) -> None:
         """Drop cached prompt prefixes (the bench does this so every run pays its prompt)."""
@@ -97,6 +99,79 @@ def prompt_tokens(rt: PairRuntime, req: GenerationRequest) -> tuple[list[int], s
     return tokens, how
 
 
+_OPTION_NAMES = {"none": "plain", "ngram": "n-gram", "model": "draft model"}
+
+
+def _governed(
+    rt: PairRuntime,
+    task: str | None,
+    history: list[int],
+    k: int,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[str, Proposal, Choice]:
+    """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
+    up first: a match is known before the step), the draft model, or none."""
+    ledger = rt.ledger
+    match = rt.ngram.propose(history, k, params, rng).tokens
+    lag = len(history) - _shared_prefix(rt.draft.ctx.tokens, history) if rt.draft else 0
+    inputs = ledger.inputs(
+        task, has_model=rt.draft is not None, match=len(match), max_k=k, model_lag=lag
+    )
+    choice = choose(inputs)
+    ledger.steps += 1
+    ledger.current = choice.option
+    if choice.option == "ngram":
+        return "ngram", Proposal(match[: choice.k]), choice
+    if choice.option == "model" and rt.draft is not None:
+        t0 = time.perf_counter()
+        proposal = rt.draft.propose(history, choice.k, params, rng)
+        ledger.observe_draft(len(proposal.tokens), (time.perf_counter() - t0) * 1000.0)
+        return "model", proposal, choice
+    return "none", Proposal([]), choice
+
+
+def _shared_prefix(cached: list[int], history: list[int]) -> int:
+    """How much of `history` a context already holds (it only ever falls behind at the end)."""
+    n = min(len(cached), len(history))
+    if cached[:n] == history[:n]:
+        return n
+    return next(i for i in range(n) if cached[i] != history[i])
+
+
+def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> None:
+    """Measure this machine's cost of one target decode of n tokens for a few n, and of one
+    draft-model token, on a scratch sequence; the governor starts from these and keeps them
+    current from real steps. Leaves both caches empty."""
+    t = rt.target
+    filler = (t.model.tokenize(" the", special=False) or [0])[-1:]
+    base = filler * 32
+    t.clear()
+    t.extend(base, 1)
+    for n in sizes:
+        if n > t.n_outputs_max or len(base) + n > t.n_ctx:
+            break
+        t0 = time.perf_counter()
+        t.extend(base + filler * n, n)  # re-decodes exactly the last n positions
+        rt.ledger.verify.observe(n, (time.perf_counter() - t0) * 1000.0)
+    t.clear()
+    if rt.draft is not None:
+        d = rt.draft.ctx
+        d.clear()
+        d.extend(base, 1)
+        t0 = time.perf_counter()
+        for i in range(1, 5):
+            d.extend(base + filler * i, 1)
+        rt.ledger.observe_draft(4, (time.perf_counter() - t0) * 1000.0)
+        d.clear()
+    LOG.info(
+        "pair %s: decode cost (ms) by tokens %s; draft %s ms/token",
+        rt.name,
+        {n: round(v, 1) for n, v in sorted(rt.ledger.verify.points.items())},
+        None if rt.ledger.draft_ms is None else round(rt.ledger.draft_ms, 2),
+    )
+
+
 def generate(
     rt: PairRuntime, req: GenerationRequest
 ) -> Generator[Chunk | GenerationStats, None, None]:
@@ -122,7 +197,9 @@ def generate_steps(
         plain_only_reason=rt.plain_only_reason,
     )
     drafter: Drafter | None = None
-    if decision.mode == "speculative":
+    if decision.mode == "speculative" and decision.drafter == "auto":
+        rt.ngram.reset()
+    elif decision.mode == "speculative":
         drafter = rt.drafter(decision.drafter)
         drafter.reset()
     params = sampling_params(rt.spec, req)
@@ -136,7 +213,7 @@ def generate_steps(
         drafter=decision.drafter,
         prompt_tokens=n_prompt,
         prompt_format=how,
-        accepted_per_position=[0] * decision.draft_tokens,
+        accepted_per_position=[0] * (0 if decision.drafter == "auto" else decision.draft_tokens),
     )
     if stats.prompt_format == PROMPT_FORMATS["transcript"]:
         LOG.warning("pair %s: %s", rt.name, stats.prompt_format)
@@ -167,22 +244,41 @@ def generate_steps(
     if chunk:
         yield [chunk]
 
+    ledger = rt.ledger
+    used: dict[str, int] = {}
+    last: Choice | None = None
     while not done:
         room = min(max_new - stats.completion_tokens, rt.target.n_ctx - len(history)) - 1
         k = step_tokens(decision, room=room, max_outputs=rt.target.n_outputs_max)
-        proposal = drafter.propose(history, k, params, rng) if drafter and k > 0 else Proposal([])
+        source, proposal = "none", Proposal([])
+        if decision.drafter == "auto" and k > 0:
+            source, proposal, last = _governed(rt, req.task, history, k, params, rng)
+            used[source] = used.get(source, 0) + 1
+        elif drafter is not None and k > 0:
+            t0 = time.perf_counter()
+            source, proposal = drafter.kind, drafter.propose(history, k, params, rng)
+            if source == "model":
+                ledger.observe_draft(len(proposal.tokens), (time.perf_counter() - t0) * 1000.0)
         drafts = proposal.tokens
+        t0 = time.perf_counter()
         logits = rt.target.extend(history + drafts, len(drafts) + 1)
+        ledger.verify.observe(len(drafts) + 1, (time.perf_counter() - t0) * 1000.0)
         stats.verify_steps += 1
+        n_kept, following = verify(drafts, proposal.probs, logits, params, rng)
         if drafts:
             stats.draft_steps += 1
             stats.proposed_tokens += len(drafts)
-        n_kept, following = verify(drafts, proposal.probs, logits, params, rng)
+            if source in ("ngram", "model"):
+                ledger.acceptance(req.task)[source].record(len(drafts), n_kept)  # type: ignore[index]
         emitted: list[Chunk] = []
         for i, token in enumerate([*drafts[:n_kept], following]):
             kept = i < n_kept
             if kept:
                 stats.accepted_tokens += 1
+                if i >= len(stats.accepted_per_position):
+                    stats.accepted_per_position.extend(
+                        [0] * (i + 1 - len(stats.accepted_per_position))
+                    )
                 stats.accepted_per_position[i] += 1
             chunk = commit(token, kept)
             if chunk:
@@ -192,6 +288,11 @@ def generate_steps(
         if emitted:
             yield emitted
 
+    if decision.drafter == "auto" and last is not None:
+        steps = ", ".join(f"{_OPTION_NAMES[o]} {n}" for o, n in sorted(used.items()))
+        stats.reason = f"{decision.reason}; last step: {last.reason}; steps: {steps}"
+        if not stats.draft_steps:
+            stats.mode = "plain"
     tail = text.flush()
     if tail:
         yield [Chunk(tail, False)]

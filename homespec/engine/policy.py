@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from homespec.engine.types import Decision, GenerationRequest
 from homespec.errors import RequestError
-from homespec.manifest import NGRAM, NO_DRAFT, PairSpec
-from homespec.vocab import DRAFTER_LABELS, PairMode, PlanMode
+from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT, PairSpec
+from homespec.vocab import DRAFTER_LABELS, DrafterOrNone, PairMode, PlanMode
 
 
 def effective_temperature(pair: PairSpec, req: GenerationRequest) -> float:
@@ -36,11 +36,15 @@ def decide(
 ) -> Decision:
     """Speculate or not, with which drafter and how many tokens; `reason` says why."""
     task = pair.tasks.get(req.task) if req.task else None
-    draft_tokens = req.draft_tokens or (task.draft_tokens if task else None) or pair.draft_tokens
     has_model = pair.draft not in (NGRAM, NO_DRAFT)
-    drafter = req.drafter or (task.drafter if task else None) or pair.drafter
-    if drafter is None:
-        drafter = "hybrid" if has_model else "ngram"
+    forced = req.drafter or (task.drafter if task else None) or pair.drafter
+    # Without a forced drafter the governor picks one each step ("auto"); a draft_tokens set
+    # anywhere caps its drafts, and is the draft length of a forced drafter.
+    cap = req.draft_tokens or (task.draft_tokens if task else None)
+    if cap is None and "draft_tokens" in pair.model_fields_set:
+        cap = pair.draft_tokens
+    draft_tokens = cap or (pair.draft_tokens if forced else MAX_DRAFT_TOKENS)
+    drafter: DrafterOrNone = forced or "auto"
     if drafter in ("model", "hybrid") and not has_model:
         raise RequestError(
             f"pair {pair_name!r} has no draft model (draft = {pair.draft!r}), "
@@ -58,11 +62,13 @@ def decide(
     if pair.draft == NO_DRAFT and req.drafter is None and not (task and task.drafter):
         return plain(f'pair {pair_name}: draft = "none"')
     degraded = ""
-    if drafter in ("model", "hybrid") and not draft_available:
+    if has_model and drafter in ("model", "hybrid", "auto") and not draft_available:
         why = unavailable_reason or "draft model unavailable"
         if drafter == "model":
             return plain(why)
-        drafter, degraded = "ngram", f"; {why}: n-gram lookup only"
+        if drafter == "hybrid":
+            drafter = "ngram"
+        degraded = f"; {why}: n-gram lookup only"
     if req.speculative is None:
         if task is not None and task.speculative is False:
             return plain(f"task {req.task}: speculation off")
@@ -72,11 +78,12 @@ def decide(
         if temperature > pair.spec_max_temperature:
             return plain(f"temperature {temperature:g} > {pair.spec_max_temperature:g}")
     why = "request: speculation forced on" if req.speculative else "speculative"
+    length = f"at most {draft_tokens}" if drafter == "auto" else str(draft_tokens)
     return Decision(
         mode="speculative",
         drafter=drafter,
         draft_tokens=draft_tokens,
-        reason=f"{why} ({DRAFTER_LABELS[drafter]}, {draft_tokens} tokens/step{degraded})",
+        reason=f"{why} ({DRAFTER_LABELS[drafter]}, {length} tokens/step{degraded})",
     )
 
 

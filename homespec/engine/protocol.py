@@ -89,6 +89,10 @@ class EngineInfo:
     memory: list[ModelCheck] = field(default_factory=list)
     repack: dict[str, Verdict] = field(default_factory=dict)  # by role
     load_ms: dict[str, float] = field(default_factory=dict)
+    # The governor's measured costs when this was sent: ms of one target decode by tokens in
+    # it, and ms per draft-model token.
+    verify_ms: dict[int, float] = field(default_factory=dict)
+    draft_ms: float | None = None
 
 
 @dataclass(frozen=True)

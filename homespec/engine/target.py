@@ -38,6 +38,11 @@ class Target(Protocol):
     @property
     def n_outputs_max(self) -> int: ...
 
+    @property
+    def tokens(self) -> list[int]:
+        """What the cache holds, position by position."""
+        ...
+
     def extend(self, history: list[int], n_logits: int = 1) -> npt.NDArray[np.float32]:
         """Make the cache hold exactly `history`; the logits of its last `n_logits` positions."""
         ...

@@ -1,0 +1,276 @@
+"""The speculation governor: per verify step, which drafter and how many tokens, from what it
+costs and how often it is right. Pure: no llama.cpp, no clock; the loop feeds it timings.
+
+Speculation is a bet. A step that drafts k tokens costs one target decode of k + 1 tokens, plus
+the drafting (about nothing for n-gram lookup; k draft-model decodes), and commits the kept
+drafts plus one token of the target's own. With a_i the chance that draft i is kept given that
+every draft before it was,
+
+    expected tokens(k) = 1 + a_1 + a_1·a_2 + … + a_1·…·a_k
+    throughput(k)      = expected tokens(k) / (verify(k + 1) + drafting(k))
+
+and plain decoding is 1 / verify(1). The governor takes the option with the best throughput:
+no drafting, n-gram lookup (only when the history has a match: that is known before the step),
+or the draft model, each at its best k. A flat cost curve (a GPU verifies 64 tokens for about
+the price of one) gives long drafts; a steep one (a CPU) short ones; a draft model as costly as
+the target is never worth it; acceptance that collapses turns speculation off. Now and then it
+re-tries an option it is not using, with a short draft (bounded exploration), so a drafter that
+starts paying is noticed; it switches only for a clear gain (hysteresis).
+
+Exactness: a step's choice depends only on the history so far and these statistics, never on
+that step's random draws, so greedy output stays the target's own and sampling keeps the
+target's distribution.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Literal
+
+Option = Literal["none", "ngram", "model"]
+MAX_K = 64
+PRIOR = {"ngram": 0.5, "model": 0.6}  # acceptance before anything was measured
+PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior
+EXPLORE_EVERY = 32  # steps between re-tries of an option not in use
+EXPLORE_K = 3
+EXPLORE_MAX_LAG = 8  # tokens a draft model may lag behind and still be explored
+HYSTERESIS = 0.05  # a new option must be this much better than the one in use
+DECAY = 0.99  # per recorded step: acceptance evidence ages
+
+
+@dataclass
+class CostCurve:
+    """Milliseconds of one target decode of n tokens, from calibration and real steps.
+
+    Each measured n keeps a moving average; between measured points the curve is linear, and
+    past the last one it follows the last segment's slope (a single point: the `slope` prior,
+    as a fraction of the one-token cost per extra token).
+    """
+
+    points: dict[int, float] = field(default_factory=dict)
+    slope: float = 0.25
+    alpha: float = 0.2  # weight of a new observation in the moving average
+
+    def observe(self, n: int, ms: float) -> None:
+        old = self.points.get(n)
+        self.points[n] = ms if old is None else (1 - self.alpha) * old + self.alpha * ms
+
+    def at(self, n: int) -> float | None:
+        known = self.points.get(n)
+        if known is not None:
+            return known
+        if not self.points:
+            return None
+        xs = sorted(self.points)  # a handful of points
+        if len(xs) == 1:
+            return self.points[xs[0]] * (1 + self.slope * (n - xs[0]))
+        i = bisect.bisect_left(xs, n)
+        lo, hi = (
+            (xs[0], xs[1]) if i == 0 else (xs[-2], xs[-1]) if i == len(xs) else (xs[i - 1], xs[i])
+        )
+        y0, y1 = self.points[lo], self.points[hi]
+        return max(0.0, y0 + (y1 - y0) * (n - lo) / (hi - lo))
+
+
+@dataclass
+class Acceptance:
+    """How often draft position i is kept, given that every position before it was.
+
+    Counts decay by DECAY a step (about the last 100 steps weigh), so a task whose drafts stop
+    being right turns speculation off within tens of steps, not after its whole history.
+    """
+
+    tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+    kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+
+    def record(self, proposed: int, accepted: int) -> None:
+        for i in range(MAX_K):
+            self.tries[i] *= DECAY
+            self.kept[i] *= DECAY
+        for i in range(min(accepted + 1, proposed)):
+            self.tries[i] += 1
+            if i < accepted:
+                self.kept[i] += 1
+
+    def rate(self, i: int, prior: float) -> float:
+        return (self.kept[i] + prior * PRIOR_WEIGHT) / (self.tries[i] + PRIOR_WEIGHT)
+
+
+def expected_tokens(acc: Acceptance, k: int, prior: float) -> float:
+    """Tokens one step commits on average when it drafts k. Position i's prior is position
+    i-1's estimate: a position never tried is taken to behave like the one before it, so long
+    drafts are reached by stretching what works, not by guessing."""
+    total, survive = 1.0, 1.0
+    for i in range(k):
+        prior = acc.rate(i, prior)
+        survive *= prior
+        total += survive
+    return total
+
+
+@dataclass(frozen=True)
+class Estimate:
+    option: Option
+    k: int
+    tokens_per_ms: float
+    first_rate: float  # estimated acceptance at position 1 (0 for no drafting)
+
+
+@dataclass(frozen=True)
+class Choice:
+    option: Option
+    k: int
+    speedup: float  # estimated throughput over plain decoding's
+    explored: bool
+    reason: str
+
+
+@dataclass
+class Inputs:
+    """What one step's choice is made from."""
+
+    verify: CostCurve
+    draft_ms: float | None  # per drafted token with the draft model; None: no draft model
+    ngram_ms: float  # one lookup
+    acceptance: dict[Option, Acceptance]
+    ngram_match: int  # tokens the n-gram lookup can propose this step (0: no match)
+    max_k: int  # room left, and what one decode may return logits for
+    step: int  # steps this pair has run (for exploration)
+    current: Option  # what the last step chose (for hysteresis)
+    model_lag: int = 0  # history tokens the draft model has not decoded yet (catch-up first)
+
+
+def catch_up_ms(inp: Inputs) -> float:
+    """What the draft model pays before it can draft: one batched decode of the tokens it has
+    not seen (committed by n-gram or plain steps), priced on the target's curve scaled by the
+    draft's relative cost."""
+    if inp.model_lag <= 0 or inp.draft_ms is None:
+        return 0.0
+    one, batch = inp.verify.at(1), inp.verify.at(inp.model_lag)
+    if not one or batch is None:
+        return 0.0
+    return batch * inp.draft_ms / one
+
+
+def best_k(inp: Inputs, option: Option) -> Estimate | None:
+    """The draft length with the best throughput for `option`, or None when it cannot run."""
+    if option == "ngram":
+        limit, per_token, fixed = min(inp.ngram_match, inp.max_k), 0.0, inp.ngram_ms
+    elif inp.draft_ms is None:
+        return None
+    else:
+        limit, per_token, fixed = inp.max_k, inp.draft_ms, catch_up_ms(inp)
+    if limit <= 0:
+        return None
+    acc, prior = inp.acceptance[option], PRIOR[option]
+    best: Estimate | None = None
+    tokens, survive, rate = 1.0, 1.0, prior
+    for k in range(1, limit + 1):
+        rate = acc.rate(k - 1, rate)
+        survive *= rate
+        tokens += survive  # expected_tokens(acc, k), one term at a time
+        cost = inp.verify.at(k + 1)
+        if cost is None:
+            return None
+        tpm = tokens / (cost + fixed + per_token * k)
+        if best is None or tpm > best.tokens_per_ms:
+            best = Estimate(option, k, tpm, acc.rate(0, prior))
+        elif survive < 0.01:
+            break  # longer drafts only add cost
+    return best
+
+
+def choose(inp: Inputs) -> Choice:
+    plain_cost = inp.verify.at(1)
+    if plain_cost is None or inp.max_k <= 0:
+        return Choice("none", 0, 1.0, False, "governor: plain (nothing measured yet)")
+    plain = 1.0 / plain_cost
+    options = [e for e in (best_k(inp, "ngram"), best_k(inp, "model")) if e is not None]
+    best = max(options, key=lambda e: e.tokens_per_ms, default=None)
+    held = next((e for e in options if e.option == inp.current), None)
+    if (
+        best is not None
+        and held is not None
+        and best is not held
+        and best.tokens_per_ms < held.tokens_per_ms * (1 + HYSTERESIS)
+    ):
+        best = held  # not clearly better: keep what is in use
+    if best is not None and best.tokens_per_ms <= plain * (1 + HYSTERESIS / 2):
+        best = None
+
+    def others(chosen: Option) -> str:
+        rest = [
+            f"{_name(e.option)} est {e.tokens_per_ms / plain:.2f}×"
+            for e in options
+            if e.option != chosen
+        ]
+        return "; " + "; ".join(rest) if rest else ""
+
+    if inp.step % EXPLORE_EVERY == EXPLORE_EVERY - 1:  # re-try an option not in use, briefly
+        # (not a draft model that would first have to catch up on a long stretch)
+        idle = [
+            e
+            for e in options
+            if (best is None or e.option != best.option)
+            and not (e.option == "model" and inp.model_lag > EXPLORE_MAX_LAG)
+        ]
+        if idle:
+            e = idle[inp.step // EXPLORE_EVERY % len(idle)]
+            k = min(EXPLORE_K, e.k if e.option == "ngram" else EXPLORE_K)
+            why = f"governor: exploring {_name(e.option)} ({k} tokens)"
+            return Choice(e.option, k, e.tokens_per_ms / plain, True, why)
+    if best is None:
+        return Choice(
+            "none", 0, 1.0, False, "governor: plain, drafting would not pay" + others("none")
+        )
+    why = (
+        f"governor: {_name(best.option)}, {best.k} tokens/step, est "
+        f"{best.tokens_per_ms / plain:.2f}× plain (accept {best.first_rate:.2f} at pos 1)"
+        + others(best.option)
+    )
+    return Choice(best.option, best.k, best.tokens_per_ms / plain, False, why)
+
+
+def _name(option: Option) -> str:
+    return {"none": "plain", "ngram": "n-gram", "model": "draft model"}[option]
+
+
+@dataclass
+class Ledger:
+    """What a pair has measured so far, kept for the engine's lifetime: the target's cost
+    curve, the draft model's cost per token, and acceptance per task and drafter. The loop
+    writes it (with timings it reads from the clock); `inputs()` hands it to `choose()`."""
+
+    verify: CostCurve = field(default_factory=CostCurve)
+    draft_ms: float | None = None
+    ngram_ms: float = 0.02
+    by_task: dict[str | None, dict[Option, Acceptance]] = field(default_factory=dict)
+    steps: int = 0
+    current: Option = "none"
+
+    def acceptance(self, task: str | None) -> dict[Option, Acceptance]:
+        found = self.by_task.get(task)
+        if found is None:
+            found = self.by_task[task] = {"ngram": Acceptance(), "model": Acceptance()}
+        return found
+
+    def observe_draft(self, tokens: int, ms: float) -> None:
+        if tokens > 0:
+            per = ms / tokens
+            self.draft_ms = per if self.draft_ms is None else 0.8 * self.draft_ms + 0.2 * per
+
+    def inputs(
+        self, task: str | None, *, has_model: bool, match: int, max_k: int, model_lag: int = 0
+    ) -> Inputs:
+        return Inputs(
+            self.verify,
+            self.draft_ms if has_model else None,
+            self.ngram_ms,
+            self.acceptance(task),
+            match,
+            max_k,
+            self.steps,
+            self.current,
+            model_lag,
+        )

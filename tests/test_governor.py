@@ -1,0 +1,141 @@
+"""The governor's decision (pure) on synthetic costs and acceptance."""
+
+from __future__ import annotations
+
+from homespec.engine.governor import (
+    EXPLORE_EVERY,
+    Acceptance,
+    CostCurve,
+    Inputs,
+    Option,
+    choose,
+    expected_tokens,
+)
+
+
+def curve(one: float, per_extra: float) -> CostCurve:
+    """verify(n) = one + per_extra × (n - 1), measured at a few n."""
+    return CostCurve({n: one + per_extra * (n - 1) for n in (1, 2, 4, 8, 16, 32, 64)})
+
+
+def seen(rate: float, steps: int = 400, k: int = 64) -> Acceptance:
+    """Acceptance measured over `steps` steps of k drafts, each kept with `rate`."""
+    acc = Acceptance()
+    for i in range(k):
+        acc.tries[i] = int(steps * rate**i)
+        acc.kept[i] = int(steps * rate ** (i + 1))
+    return acc
+
+
+def inputs(
+    verify: CostCurve,
+    *,
+    ngram: float | None = None,
+    model: float | None = None,
+    draft_ms: float | None = None,
+    match: int = 64,
+    step: int = 0,
+    current: Option = "none",
+) -> Inputs:
+    acc = {
+        "ngram": seen(ngram) if ngram is not None else Acceptance(),
+        "model": seen(model) if model is not None else Acceptance(),
+    }
+    return Inputs(verify, draft_ms, 0.01, acc, match if ngram is not None else 0, 64, step, current)
+
+
+def test_a_flat_cost_curve_gives_long_drafts() -> None:
+    c = choose(inputs(curve(1.0, 0.005), ngram=0.9))
+    assert c.option == "ngram" and c.k >= 16 and c.speedup > 3
+
+
+def test_a_steep_cost_curve_gives_short_drafts() -> None:
+    c = choose(inputs(curve(1.0, 0.3), ngram=0.8))
+    assert c.option == "ngram" and 1 <= c.k <= 4 and c.speedup > 1.05
+
+
+def test_a_draft_model_as_costly_as_the_target_is_never_used() -> None:
+    c = choose(inputs(curve(1.0, 0.05), model=0.9, draft_ms=1.0))
+    assert c.option == "none" and "draft model est" in c.reason
+    cheap = choose(inputs(curve(1.0, 0.05), model=0.9, draft_ms=0.1))
+    assert cheap.option == "model" and cheap.speedup > 1.5
+
+
+def test_collapsing_acceptance_turns_speculation_off_and_a_recovery_turns_it_back_on() -> None:
+    acc = seen(0.9)
+    v = curve(1.0, 0.2)
+    base = Inputs(v, None, 0.01, {"ngram": acc, "model": Acceptance()}, 64, 64, 0, "ngram")
+    assert choose(base).option == "ngram"
+    for _ in range(600):  # the prompt stops repeating: drafts are rejected at once
+        acc.record(4, 0)
+    off = choose(Inputs(v, None, 0.01, {"ngram": acc, "model": Acceptance()}, 64, 64, 1, "ngram"))
+    assert off.option == "none"
+    # Exploration keeps re-trying n-gram with short drafts; they start being kept again.
+    step, chosen = 2, []
+    for _ in range(40 * EXPLORE_EVERY):
+        c = choose(
+            Inputs(
+                v,
+                None,
+                0.01,
+                {"ngram": acc, "model": Acceptance()},
+                64,
+                64,
+                step,
+                chosen[-1] if chosen else "none",
+            )
+        )
+        chosen.append(c.option)
+        if c.option == "ngram":
+            acc.record(c.k, c.k)
+        step += 1
+    assert chosen[-1] == "ngram"
+    assert chosen[:EXPLORE_EVERY].count("ngram") <= 1  # exploration is bounded
+
+
+def test_no_match_means_no_n_gram_option_and_nothing_measured_means_plain() -> None:
+    assert choose(inputs(curve(1.0, 0.01), ngram=0.9, match=0)).option == "none"
+    c = choose(inputs(CostCurve(), ngram=0.9))
+    assert (c.option, c.k) == ("none", 0)
+
+
+def test_hysteresis_keeps_the_option_in_use_when_the_other_is_barely_better() -> None:
+    v = curve(1.0, 0.05)
+    c = choose(inputs(v, ngram=0.80, model=0.82, draft_ms=0.02, current="ngram", step=1))
+    assert c.option == "ngram"
+
+
+def test_a_single_measured_point_extrapolates_with_the_prior_slope() -> None:
+    v = CostCurve({1: 10.0}, slope=0.25)
+    assert v.at(5) == 20.0 and v.at(1) == 10.0
+    v.observe(5, 30.0)
+    assert v.at(3) == 20.0  # linear between measured points
+    v.observe(5, 20.0)
+    assert v.at(5) == 28.0  # a moving average, not the last value
+
+
+def test_expected_tokens_counts_the_targets_own_token() -> None:
+    acc = seen(0.5)
+    assert abs(expected_tokens(acc, 2, prior=0.5) - (1 + 0.5 + 0.25)) < 0.02
+    assert expected_tokens(Acceptance(), 0, prior=0.5) == 1.0
+
+
+def test_a_draft_model_that_must_first_catch_up_on_a_long_stretch_is_priced_so() -> None:
+    v = curve(1.0, 0.1)
+    fresh = inputs(v, model=0.9, draft_ms=0.2)
+    assert choose(fresh).option == "model"
+    behind = Inputs(fresh.verify, 0.2, 0.01, fresh.acceptance, 0, 64, 0, "none", model_lag=400)
+    c = choose(behind)
+    assert c.option == "none" and "draft model est" in c.reason
+
+
+def test_drafts_grow_past_what_was_tried_when_every_tried_position_is_kept() -> None:
+    """Only 6-token drafts were ever tried (a forced drafter), all kept: on a flat curve the
+    governor stretches to longer drafts, not stopping at the prior's 0.5."""
+    acc = Acceptance()
+    for _ in range(200):
+        acc.record(6, 6)
+    inp = Inputs(
+        curve(1.0, 0.01), None, 0.01, {"ngram": acc, "model": Acceptance()}, 64, 64, 1, "ngram"
+    )
+    assert choose(inp).k > 12
