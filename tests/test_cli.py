@@ -60,7 +60,7 @@ def test_ask_json_has_text_and_every_stat(demo_manifest: Manifest) -> None:
     payload = json.loads(out)
     assert payload["text"]
     stats = payload["stats"]
-    assert stats["mode"] == "speculative" and stats["drafter"] == "hybrid"
+    assert stats["mode"] == "speculative" and stats["drafter"] == "auto"  # the governor
     assert 0 < stats["completion_tokens"] <= 48
     for key in (
         "proposed_tokens",

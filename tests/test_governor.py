@@ -139,3 +139,15 @@ def test_drafts_grow_past_what_was_tried_when_every_tried_position_is_kept() -> 
         curve(1.0, 0.01), None, 0.01, {"ngram": acc, "model": Acceptance()}, 64, 64, 1, "ngram"
     )
     assert choose(inp).k > 12
+
+
+def test_an_unmeasured_draft_model_is_priced_by_a_prior_so_it_gets_tried() -> None:
+    from homespec.engine.governor import DRAFT_COST_PRIOR, Ledger
+
+    ledger = Ledger()
+    ledger.verify.observe(1, 20.0)
+    inp = ledger.inputs(None, has_model=True, match=0, max_k=8)
+    assert inp.draft_ms == 20.0 * DRAFT_COST_PRIOR
+    assert ledger.inputs(None, has_model=False, match=0, max_k=8).draft_ms is None
+    ledger.observe_draft(4, 20.0)
+    assert ledger.inputs(None, has_model=True, match=0, max_k=8).draft_ms == 5.0

@@ -37,6 +37,7 @@ EXPLORE_K = 3
 EXPLORE_MAX_LAG = 8  # tokens a draft model may lag behind and still be explored
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
 DECAY = 0.99  # per recorded step: acceptance evidence ages
+DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a target token
 
 
 @dataclass
@@ -263,9 +264,12 @@ class Ledger:
     def inputs(
         self, task: str | None, *, has_model: bool, match: int, max_k: int, model_lag: int = 0
     ) -> Inputs:
+        draft_ms = self.draft_ms
+        if has_model and draft_ms is None:  # not measured yet: a prior, until it drafts once
+            draft_ms = (self.verify.at(1) or 0.0) * DRAFT_COST_PRIOR
         return Inputs(
             self.verify,
-            self.draft_ms if has_model else None,
+            draft_ms if has_model else None,
             self.ngram_ms,
             self.acceptance(task),
             match,
