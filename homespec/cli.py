@@ -64,9 +64,14 @@ def cli(verbose: bool) -> None:
 @click.option(
     "--drafter",
     type=click.Choice(DRAFTERS),
-    help="Draft with the model, n-gram prompt lookup, or n-grams when they match else the model.",
+    help="Force a drafter: the model, n-gram prompt lookup, or n-grams when they match else the "
+    "model (default: the governor chooses per step from measured cost and acceptance).",
 )
-@click.option("--draft-tokens", type=click.IntRange(1, 64), help="Tokens drafted per step.")
+@click.option(
+    "--draft-tokens",
+    type=click.IntRange(1, 64),
+    help="Tokens a forced drafter drafts per step; without --drafter, the governor's cap.",
+)
 @click.option("--temperature", type=click.FloatRange(0.0, 5.0), help="0 = greedy.")
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True))
 @click.option("--top-k", type=click.IntRange(0))
