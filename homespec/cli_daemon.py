@@ -119,6 +119,12 @@ def status(url: str | None, as_json: bool) -> None:
             deaths = len(engine.get("deaths") or [])
             again = f", restarted {deaths}×" if deaths else ""
             click.echo(f"{'':<14} engine: pid {engine['pid']}, holds {held or '—'}{again}")
+        costs = p.get("costs") or {}
+        if costs.get("verify_ms"):
+            curve = ", ".join(f"{n}→{ms:.0f}" for n, ms in costs["verify_ms"].items())
+            draft = costs.get("draft_ms_per_token")
+            per = f"; draft {draft:.1f} ms/token" if draft is not None else ""
+            click.echo(f"{'':<14} costs: target decode ms by tokens {curve}{per}")
         for role, v in (p.get("repack") or {}).items():
             if v.get("note"):
                 click.echo(f"{'':<14} {role}: {v['note']}")

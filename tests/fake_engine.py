@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from homespec.engine.child import describe, main
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
-from homespec.engine.generate import PairRuntime, calibrate
+from homespec.engine.generate import PairRuntime
 from homespec.engine.protocol import EngineInfo, Load
 from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT
 from homespec.planner import Arrangement, PairPlan
@@ -74,8 +74,6 @@ class FakeSession:
 
     def attach_draft(self, idle: AbstractContextManager[object]) -> None:
         if not self.has_draft:
-            with idle:
-                calibrate(self._runtime)
             return
         fault = os.environ.get("HOMESPEC_FAKE_DRAFT_FAULT") == "1"
         draft = FakeTarget(
@@ -91,7 +89,6 @@ class FakeSession:
         with idle:
             self._runtime.draft = ModelDrafter(draft)
             self._runtime.draft_unavailable_reason = ""
-            calibrate(self._runtime)
 
     def close(self) -> None:
         pass

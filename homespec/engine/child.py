@@ -60,6 +60,7 @@ from homespec.planner import PairPlan
 from homespec.resources import Machine
 
 LOG = logging.getLogger("homespec.engine")
+CALIBRATE = object()  # a work item: measure the governor's costs (after the draft attached)
 
 
 def failure(exc: BaseException) -> Failure:
@@ -117,8 +118,8 @@ class Session(Protocol):
     def info(self) -> EngineInfo: ...
 
     def attach_draft(self, idle: AbstractContextManager[object]) -> None:
-        """Load the draft if the pair has one (raising on failure), hand it over inside
-        `idle`, and measure the decode costs the governor starts from (inside `idle` too)."""
+        """Load the draft if the pair has one (raising on failure) and hand it over inside
+        `idle`."""
         ...
 
     def close(self) -> None: ...
@@ -144,11 +145,7 @@ class LlamaSession:
         )
 
     def attach_draft(self, idle: AbstractContextManager[object]) -> None:
-        try:
-            attach_draft(self.loaded, idle=idle, warm_up=True)
-        finally:  # with or without a draft, between requests
-            with idle:
-                calibrate(self.loaded.runtime)
+        attach_draft(self.loaded, idle=idle, warm_up=True)
 
     def close(self) -> None:
         self.loaded.close()
@@ -185,6 +182,7 @@ class Engine:
         self._send_lock = threading.Lock()
         self._cancel_lock = threading.Lock()
         self._cancelled: set[str] = set()
+        self._draft_failure: Failure | None = None
 
     def send(self, msg: object) -> None:
         with self._send_lock:
@@ -211,6 +209,11 @@ class Engine:
             elif isinstance(msg, AttachDraft):
                 loader = threading.Thread(target=self._attach_draft, name="draft", daemon=True)
                 loader.start()
+            elif msg is CALIBRATE:
+                # On this thread, the one that decodes requests: llama.cpp's CPU threads belong
+                # to the calling thread, and a second team measured twice the real cost here.
+                calibrate(self.session.runtime)
+                self.send(DraftAttached(self.session.info(), self._draft_failure))
             elif isinstance(msg, Stop):
                 break
         with self.busy:
@@ -254,9 +257,8 @@ class Engine:
                 self.session.runtime.name,
                 exc,
             )
-            self.send(DraftAttached(self.session.info(), failure(exc)))
-            return
-        self.send(DraftAttached(self.session.info()))
+            self._draft_failure = failure(exc)
+        self.work.put(CALIBRATE)  # then the costs, between requests, on the main thread
 
     # --- reader thread -----------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ else.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -119,8 +120,7 @@ def _governed(
         task, has_model=rt.draft is not None, match=len(match), max_k=k, model_lag=lag
     )
     choice = choose(inputs)
-    ledger.steps += 1
-    ledger.current = choice.option
+    ledger.chose(choice.option)
     if choice.option == "ngram":
         return "ngram", Proposal(match[: choice.k]), choice
     if choice.option == "model" and rt.draft is not None:
@@ -148,21 +148,28 @@ def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) ->
     base = filler * 32
     t.clear()
     t.extend(base, 1)
+    t.extend(base + filler, 1)  # a throwaway decode: threads and caches settle first
     for n in sizes:
         if n > t.n_outputs_max or len(base) + n > t.n_ctx:
             break
-        t0 = time.perf_counter()
-        t.extend(base + filler * n, n)  # re-decodes exactly the last n positions
-        rt.ledger.verify.observe(n, (time.perf_counter() - t0) * 1000.0)
+        best = math.inf
+        for _ in range(2):  # the faster of two: a neighbour's burst only ever slows one down
+            t0 = time.perf_counter()
+            t.extend(base + filler * n, n)  # re-decodes exactly the last n positions
+            best = min(best, (time.perf_counter() - t0) * 1000.0)
+        rt.ledger.verify.observe(n, best)
     t.clear()
     if rt.draft is not None:
         d = rt.draft.ctx
         d.clear()
         d.extend(base, 1)
-        t0 = time.perf_counter()
-        for i in range(1, 5):
-            d.extend(base + filler * i, 1)
-        rt.ledger.observe_draft(4, (time.perf_counter() - t0) * 1000.0)
+        best = math.inf
+        for _ in range(2):
+            t0 = time.perf_counter()
+            for i in range(1, 5):
+                d.extend(base + filler * i, 1)
+            best = min(best, (time.perf_counter() - t0) * 1000.0)
+        rt.ledger.observe_draft(4, best)
         d.clear()
     LOG.info(
         "pair %s: decode cost (ms) by tokens %s; draft %s ms/token",

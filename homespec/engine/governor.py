@@ -30,9 +30,9 @@ from typing import Literal
 
 Option = Literal["none", "ngram", "model"]
 MAX_K = 64
-PRIOR = {"ngram": 0.5, "model": 0.6}  # acceptance before anything was measured
+PRIOR = {"ngram": 0.6, "model": 0.6}  # acceptance before anything was measured
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior
-EXPLORE_EVERY = 32  # steps between re-tries of an option not in use
+EXPLORE_EVERY = 32  # steps after an option's last use before it is re-tried
 EXPLORE_K = 3
 EXPLORE_MAX_LAG = 8  # tokens a draft model may lag behind and still be explored
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
@@ -140,6 +140,7 @@ class Inputs:
     step: int  # steps this pair has run (for exploration)
     current: Option  # what the last step chose (for hysteresis)
     model_lag: int = 0  # history tokens the draft model has not decoded yet (catch-up first)
+    last_used: dict[Option, int] = field(default_factory=dict)  # step each option last ran
 
 
 def catch_up_ms(inp: Inputs) -> float:
@@ -208,19 +209,20 @@ def choose(inp: Inputs) -> Choice:
         ]
         return "; " + "; ".join(rest) if rest else ""
 
-    if inp.step % EXPLORE_EVERY == EXPLORE_EVERY - 1:  # re-try an option not in use, briefly
-        # (not a draft model that would first have to catch up on a long stretch)
-        idle = [
-            e
-            for e in options
-            if (best is None or e.option != best.option)
-            and not (e.option == "model" and inp.model_lag > EXPLORE_MAX_LAG)
-        ]
-        if idle:
-            e = idle[inp.step // EXPLORE_EVERY % len(idle)]
-            k = min(EXPLORE_K, e.k if e.option == "ngram" else EXPLORE_K)
-            why = f"governor: exploring {_name(e.option)} ({k} tokens)"
-            return Choice(e.option, k, e.tokens_per_ms / plain, True, why)
+    # Re-try, briefly, an option unused for EXPLORE_EVERY steps (not a draft model that would
+    # first have to catch up on a long stretch): the first step it can run, the oldest first.
+    idle = [
+        e
+        for e in options
+        if (best is None or e.option != best.option)
+        and inp.step - inp.last_used.get(e.option, 0) >= EXPLORE_EVERY
+        and not (e.option == "model" and inp.model_lag > EXPLORE_MAX_LAG)
+    ]
+    if idle:
+        e = min(idle, key=lambda e: inp.last_used.get(e.option, 0))
+        k = min(EXPLORE_K, e.k if e.option == "ngram" else EXPLORE_K)
+        why = f"governor: exploring {_name(e.option)} ({k} tokens)"
+        return Choice(e.option, k, e.tokens_per_ms / plain, True, why)
     if best is None:
         return Choice(
             "none", 0, 1.0, False, "governor: plain, drafting would not pay" + others("none")
@@ -249,6 +251,13 @@ class Ledger:
     by_task: dict[str | None, dict[Option, Acceptance]] = field(default_factory=dict)
     steps: int = 0
     current: Option = "none"
+    last_used: dict[Option, int] = field(default_factory=dict)
+
+    def chose(self, option: Option) -> None:
+        """Record a step's choice (for hysteresis and exploration)."""
+        self.steps += 1
+        self.current = option
+        self.last_used[option] = self.steps
 
     def acceptance(self, task: str | None) -> dict[Option, Acceptance]:
         found = self.by_task.get(task)
@@ -277,4 +286,5 @@ class Ledger:
             self.steps,
             self.current,
             model_lag,
+            dict(self.last_used),
         )
