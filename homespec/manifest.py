@@ -194,6 +194,11 @@ class ServerSpec(_Strict):
         'pair, saying so, or "error": 404 listing the pairs',
     )
     max_queue: int = Field(8, ge=1, le=1024, description="requests waiting or running per pair")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host header names a daemon without an API key also answers (besides "
+        "127.0.0.1, localhost, ::1 and --host); others get a 421 (DNS rebinding)",
+    )
     max_tokens_limit: int = Field(4096, ge=1, description="largest max_tokens a request may ask")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body")
     shutdown_timeout_s: float = Field(

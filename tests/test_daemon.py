@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from homespec.cli import cli
 
-from .daemon_process import Daemon, fake_daemon, fake_manifest_file, wait_until
+from .daemon_process import Daemon, fake_daemon, fake_manifest_file
 
 CHAT = "/v1/chat/completions"
 STATS_KEYS = {
@@ -323,16 +323,65 @@ def test_sigterm_drains_the_in_flight_stream_then_exits(tmp_path: Path) -> None:
 
 
 def test_api_key_is_enforced_everywhere_but_health(tmp_path: Path) -> None:
-    d = fake_daemon(tmp_path, env={"HOMESPEC_API_KEY": "s3cret"}, wait=False)
+    d = fake_daemon(tmp_path, env={"HOMESPEC_API_KEY": "s3cret", "HOMESPEC_FAKE_DECODE_S": "0.01"})
     try:
-        wait_until(d, lambda h: h["status"] == "ready")
         assert d.get("/v1/models").status_code == 401
         assert d.get("/metrics").status_code == 401
-        ok = d.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
-        assert ok.status_code == 200
+        for scheme in ("Bearer", "bearer", "BEARER"):  # the scheme is case-insensitive
+            ok = d.get("/v1/models", headers={"Authorization": f"{scheme} s3cret"})
+            assert ok.status_code == 200, scheme
+        assert d.get("/v1/models", headers={"X-API-Key": "s3cret"}).status_code == 200
         assert d.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+        # With a key, the Host check is the key's job: any Host with the right key is served.
+        evil = {"Authorization": "Bearer s3cret", "Host": "evil.example"}
+        assert d.get("/v1/models", headers=evil).status_code == 200
+        # A client that gives up on a non-streamed answer stops its generation (the auth layer
+        # used to keep it running to max_tokens, holding the queue).
+        body = {"messages": user(LONG), "max_tokens": 400, "speculative": False}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                d.url + CHAT,
+                json=body,
+                headers={"Authorization": "Bearer s3cret"},
+                timeout=httpx.Timeout(5, read=0.5),
+            )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if (d.state_dir / "requests.jsonl").exists() and read_log(d):
+                break
+            time.sleep(0.05)
+        assert read_log(d)[-1]["outcome"] == "cancelled", read_log(d)[-1]
+        status = d.get("/homespec/status", headers={"Authorization": "Bearer s3cret"}).json()
+        assert status["pairs"][0]["queue_depth"] == 0
     finally:
         d.stop()
+
+
+def test_a_keyless_daemon_answers_only_hosts_that_name_it(daemon: Daemon) -> None:
+    """A web page that rebinds its own name to 127.0.0.1 sends its own Host: refused."""
+    port = daemon.url.rsplit(":", 1)[1]
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}"):
+        assert daemon.get("/homespec/status", headers={"Host": host}).status_code == 200, host
+    r = daemon.get("/homespec/status", headers={"Host": f"evil.example:{port}"})
+    assert r.status_code == 421
+    assert "'evil.example:" in r.json()["error"]["message"]
+    assert "allowed_hosts" in r.json()["error"]["message"]
+
+
+def test_head_health_answers_like_get(daemon: Daemon) -> None:
+    r = httpx.head(daemon.url + "/health", timeout=10)
+    assert r.status_code == 200 and not r.content
+
+
+def test_a_taken_port_is_an_error_before_anything_loads(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        config = str(fake_manifest_file(tmp_path))
+        r = CliRunner().invoke(cli, ["serve", "--config", config, "--port", port])
+    assert r.exit_code == 2
+    assert f"Error: 127.0.0.1:{port} is already in use — stop what listens there" in r.stderr
 
 
 def test_non_loopback_bind_without_a_key_is_refused(

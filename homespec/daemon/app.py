@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -83,6 +83,64 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+def allowed_hosts(config: DaemonConfig) -> frozenset[str]:
+    """Host header values a daemon without an API key answers: the names of loopback, the
+    address it is bound to, and `[server] allowed_hosts`."""
+    extra = config.manifest.spec.server.allowed_hosts
+    return frozenset({"127.0.0.1", "localhost", "::1", config.host.lower(), *extra})
+
+
+def host_name(header: str) -> str:
+    """`[::1]:8080` → `::1`, `localhost:8080` → `localhost`."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0].lower()
+    return header.rpartition(":")[0].lower() if header.count(":") == 1 else header.lower()
+
+
+class Gate:
+    """Who may talk to the daemon, as plain ASGI: Starlette's BaseHTTPMiddleware kept a
+    request generating after its client had left, so nothing here wraps the response.
+
+    - With an API key: every path but /health needs it, as `Authorization: Bearer KEY` (the
+      scheme in any case) or `X-API-Key: KEY`.
+    - Without one (the daemon then listens on loopback only): a Host header that names
+      another site gets a 421, so a web page cannot reach the models through DNS rebinding.
+    """
+
+    def __init__(self, app: ASGIApp, key: str | None, hosts: frozenset[str]) -> None:
+        self.app, self.key, self.hosts = app, key, hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        refusal: JSONResponse | None = None
+        if self.key is None:
+            host = headers.get("host", "")
+            if host and host_name(host) not in self.hosts:
+                refusal = _error(
+                    421,
+                    f"Host {host!r} is not a name of this daemon (add it to [server] "
+                    "allowed_hosts, or set an API key)",
+                    "invalid_request_error",
+                )
+        elif scope["path"] not in OPEN_PATHS:
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            given = token.strip() if scheme.lower() == "bearer" else ""
+            given = given or headers.get("x-api-key", "")
+            if not hmac.compare_digest(given.encode(), self.key.encode()):
+                refusal = _error(
+                    401,
+                    "missing or wrong API key (Authorization: Bearer …)",
+                    "authentication_error",
+                )
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(config: DaemonConfig) -> FastAPI:
     daemon = Daemon(config)
 
@@ -96,21 +154,7 @@ def create_app(config: DaemonConfig) -> FastAPI:
     app.state.daemon = daemon
     app.add_middleware(BodyLimit, limit=daemon.server.max_body_bytes)
 
-    @app.middleware("http")
-    async def auth(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        key = config.api_key
-        if key and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            given = given or request.headers.get("x-api-key", "")
-            if not hmac.compare_digest(given.encode(), key.encode()):
-                return _error(
-                    401,
-                    "missing or wrong API key (Authorization: Bearer …)",
-                    "authentication_error",
-                )
-        return await call_next(request)
+    app.add_middleware(Gate, key=config.api_key, hosts=allowed_hosts(config))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -133,7 +177,7 @@ def create_app(config: DaemonConfig) -> FastAPI:
         LOG.exception("unhandled error on %s", request.url.path)
         return _error(500, "internal error (logged by the daemon)", "server_error")
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # uptime checkers often use HEAD
     async def health() -> JSONResponse:
         h = daemon.health()
         return JSONResponse(h, status_code=200 if h["status"] in ("ready", "degraded") else 503)

@@ -8,9 +8,11 @@ a file (never from the command line, where `ps` would show it).
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
+import socket
 from pathlib import Path
 
 import uvicorn
@@ -64,10 +66,32 @@ def build(
     names = pairs or manifest.spec.server.pairs or [manifest.default_pair]
     for name in names:
         manifest.pair(name)
-    return DaemonConfig(manifest=manifest, state_dir=state_dir(state), pairs=names, api_key=key)
+    return DaemonConfig(
+        manifest=manifest, state_dir=state_dir(state), pairs=names, api_key=key, host=host
+    )
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything loads: a taken port is an error at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        taken = exc.errno == errno.EADDRINUSE
+        raise ConfigError(
+            f"{host}:{port} is already in use"
+            if taken
+            else f"cannot listen on {host}:{port}: {exc}",
+            "stop what listens there or pick another --port" if taken else "check --host",
+        ) from None
+    return sock
 
 
 def run(config: DaemonConfig, *, host: str, port: int) -> None:
+    sock = bind(host, port)
     app = create_app(config)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -79,4 +103,4 @@ def run(config: DaemonConfig, *, host: str, port: int) -> None:
             access_log=False,
         )
     )
-    server.run()
+    server.run(sockets=[sock])

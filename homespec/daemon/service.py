@@ -33,6 +33,7 @@ class DaemonConfig:
     state_dir: Path
     pairs: list[str]
     api_key: str | None = None
+    host: str = "127.0.0.1"  # the address it listens on (a Host header may name it)
 
 
 class Daemon:
