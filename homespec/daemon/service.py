@@ -246,6 +246,7 @@ class Daemon:
                 "target": info.target_file,
                 "draft": info.draft_file,
                 "draft_loaded": info.draft_loaded,
+                "load_ms": {role: round(ms) for role, ms in info.load_ms.items()},
             }
             out["costs"] = {
                 "verify_ms": {str(n): round(ms, 2) for n, ms in sorted(info.verify_ms.items())},

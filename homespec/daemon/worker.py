@@ -244,9 +244,9 @@ class PairWorker:
         LOG.info(
             "pair %s: draft attached after %.1f s, speculative", self.name, self.speculative_after_s
         )
-        for verdict in msg.info.repack.values():
-            if verdict.note and msg.info.draft_loaded:
-                LOG.warning("pair %s: %s", self.name, verdict.note)
+        draft_verdict = msg.info.repack.get("draft")  # the target's was said on Loaded
+        if draft_verdict is not None and draft_verdict.note:
+            LOG.warning("pair %s: %s", self.name, draft_verdict.note)
 
     def _on_exit(self, returncode: int, site: Site) -> None:
         if self.state in (WorkerState.STOPPED, WorkerState.FAILED):

@@ -25,6 +25,8 @@ target's distribution.
 from __future__ import annotations
 
 import bisect
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -98,16 +100,21 @@ class Acceptance:
         return (self.kept[i] + prior * PRIOR_WEIGHT) / (self.tries[i] + PRIOR_WEIGHT)
 
 
-def expected_tokens(acc: Acceptance, k: int, prior: float) -> float:
-    """Tokens one step commits on average when it drafts k. Position i's prior is position
-    i-1's estimate: a position never tried is taken to behave like the one before it, so long
-    drafts are reached by stretching what works, not by guessing."""
+def expected_by_length(acc: Acceptance, prior: float) -> Iterator[float]:
+    """Tokens one step commits on average when it drafts k = 1, 2, … (one value per k).
+    Position i's prior is position i-1's estimate: a position never tried is taken to behave
+    like the one before it, so long drafts are reached by stretching what works."""
     total, survive = 1.0, 1.0
-    for i in range(k):
+    for i in range(MAX_K):
         prior = acc.rate(i, prior)
         survive *= prior
         total += survive
-    return total
+        yield total
+
+
+def expected_tokens(acc: Acceptance, k: int, prior: float) -> float:
+    """expected_by_length at one k (k = 0: plain decoding's one token)."""
+    return next(itertools.islice(expected_by_length(acc, prior), k - 1, None)) if k else 1.0
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,6 @@ class Choice:
     option: Option
     k: int
     speedup: float  # estimated throughput over plain decoding's
-    explored: bool
     reason: str
 
 
@@ -167,11 +173,9 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
         return None
     acc, prior = inp.acceptance[option], PRIOR[option]
     best: Estimate | None = None
-    tokens, survive, rate = 1.0, 1.0, prior
-    for k in range(1, limit + 1):
-        rate = acc.rate(k - 1, rate)
-        survive *= rate
-        tokens += survive  # expected_tokens(acc, k), one term at a time
+    previous = 1.0
+    for k, tokens in zip(range(1, limit + 1), expected_by_length(acc, prior), strict=False):
+        survive, previous = tokens - previous, tokens  # the chance all k drafts are kept
         cost = inp.verify.at(k + 1)
         if cost is None:
             return None
@@ -186,7 +190,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
 def choose(inp: Inputs) -> Choice:
     plain_cost = inp.verify.at(1)
     if plain_cost is None or inp.max_k <= 0:
-        return Choice("none", 0, 1.0, False, "governor: plain (nothing measured yet)")
+        return Choice("none", 0, 1.0, "governor: plain (nothing measured yet)")
     plain = 1.0 / plain_cost
     options = [e for e in (best_k(inp, "ngram"), best_k(inp, "model")) if e is not None]
     best = max(options, key=lambda e: e.tokens_per_ms, default=None)
@@ -222,17 +226,15 @@ def choose(inp: Inputs) -> Choice:
         e = min(idle, key=lambda e: inp.last_used.get(e.option, 0))
         k = min(EXPLORE_K, e.k if e.option == "ngram" else EXPLORE_K)
         why = f"governor: exploring {_name(e.option)} ({k} tokens)"
-        return Choice(e.option, k, e.tokens_per_ms / plain, True, why)
+        return Choice(e.option, k, e.tokens_per_ms / plain, why)
     if best is None:
-        return Choice(
-            "none", 0, 1.0, False, "governor: plain, drafting would not pay" + others("none")
-        )
+        return Choice("none", 0, 1.0, "governor: plain, drafting would not pay" + others("none"))
     why = (
         f"governor: {_name(best.option)}, {best.k} tokens/step, est "
         f"{best.tokens_per_ms / plain:.2f}× plain (accept {best.first_rate:.2f} at pos 1)"
         + others(best.option)
     )
-    return Choice(best.option, best.k, best.tokens_per_ms / plain, False, why)
+    return Choice(best.option, best.k, best.tokens_per_ms / plain, why)
 
 
 def _name(option: Option) -> str:
