@@ -13,6 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
+from homespec.bench_remote import Remote, run_remote, warm_up
 from homespec.engine.generate import PairRuntime, calibrate, generate
 from homespec.engine.types import GenerationRequest, GenerationStats
 from homespec.errors import ConfigError
@@ -140,17 +143,36 @@ def run_bench(
     temperature: float = 0.0,
     max_tokens: int | None = None,
     progress: Progress = lambda _: None,
+    remotes: list[Remote] | None = None,
+    client: httpx.Client | None = None,
 ) -> list[Run]:
+    """Every mode (and every remote server) on every prompt, interleaved per prompt."""
+    by_label = {r.label: r for r in remotes or []}
     # Warm-up: touch every mode once so page faults and first-graph costs hit no measured run.
     for mode in modes:
         _run_one(rt, _request(items[0], mode, temperature, 16))
+    if by_label:
+        assert client is not None
+        for remote in by_label.values():
+            warm_up(client, remote)
+    names = [*modes, *by_label]
     runs: list[Run] = []
-    total = len(items) * repeat * len(modes)
+    total = len(items) * repeat * len(names)
     for rep in range(repeat):
         for idx, item in enumerate(items):
-            shift = (idx + rep) % len(modes)
-            for mode in modes[shift:] + modes[:shift]:
-                text, stats = _run_one(rt, _request(item, mode, temperature, max_tokens))
+            shift = (idx + rep) % len(names)
+            for mode in names[shift:] + names[:shift]:
+                if mode in by_label:
+                    assert client is not None
+                    text, stats = run_remote(
+                        client,
+                        by_label[mode],
+                        item,
+                        temperature=temperature,
+                        max_tokens=max_tokens,
+                    )
+                else:
+                    text, stats = _run_one(rt, _request(item, mode, temperature, max_tokens))
                 runs.append(Run(item.task, idx, rep, mode, text, stats))
                 rate = "" if stats.accept_rate is None else f", accept {stats.accept_rate:.0%}"
                 progress(
@@ -214,15 +236,16 @@ def summarize(runs: list[Run], *, temperature: float = 0.0) -> list[Row]:
 
 
 def render_table(rows: list[Row]) -> str:
+    w = max([6, *(len(r.mode) for r in rows)])
     head = (
-        f"{'task':<12} {'mode':<6} {'runs':>4} {'tok/s':>7} {'e2e ms':>8} {'ttft ms':>8} "
+        f"{'task':<12} {'mode':<{w}} {'runs':>4} {'tok/s':>7} {'e2e ms':>8} {'ttft ms':>8} "
         f"{'accept':>7} {'acc/step':>8} {'speedup':>8} {'(min–max)':>12} {'same':>5}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         span = "" if r.speedup_min is None else f"{r.speedup_min:.2f}–{r.speedup_max:.2f}"
         lines.append(
-            f"{r.task:<12} {r.mode:<6} {r.runs:>4} {r.tokens_per_s:>7.1f} {r.e2e_ms:>8.0f} "
+            f"{r.task:<12} {r.mode:<{w}} {r.runs:>4} {r.tokens_per_s:>7.1f} {r.e2e_ms:>8.0f} "
             f"{r.ttft_ms:>8.0f} {_fmt(r.accept_rate, '.0%'):>7} "
             f"{_fmt(r.mean_accepted_length, '.2f'):>8} {_fmt(r.speedup, '.2f', '×'):>8} "
             f"{span:>12} {_fmt(r.identical, '.0%'):>5}"
@@ -262,15 +285,27 @@ def bench_pair(
     temperature: float,
     max_tokens: int | None,
     progress: Progress,
+    remotes: list[Remote] | None = None,
+    threads: int | None = None,
 ) -> BenchReport:
     """Load the pair (filling its contexts once, to measure memory), run every mode on every
-    prompt, and summarize per task. `modes`: the --modes value (None: all the pair has)."""
+    prompt, and summarize per task. `modes`: the --modes value (None: all the pair has);
+    `remotes`: other OpenAI-compatible servers sent the same requests (`--against`)."""
     from homespec.engine.loader import load_pair
     from homespec.memcheck import memory_rows
 
     name, spec = manifest.pair(pair)
+    if threads:  # --threads: the same CPU threads as the server it is compared with
+        spec = manifest.spec.pairs[name] = spec.model_copy(update={"threads": threads})
     has_draft = spec.draft not in (NGRAM, NO_DRAFT)
     chosen = choose_modes(modes, has_draft=has_draft, pair=name)
+    remotes = remotes or []
+    clash = [r.label for r in remotes if r.label in (*chosen, *available_modes(True), AUTO)]
+    if clash or len({r.label for r in remotes}) < len(remotes):
+        raise ConfigError(
+            f"--against: label {', '.join(clash) or 'used twice'} clashes with another column",
+            "give each server its own label: --against LABEL=URL",
+        )
     progress("bench: loading the pair and filling its contexts once (to measure memory)…")
     with load_pair(manifest, name, measure_peak=True) as loaded:
         rt = loaded.runtime
@@ -279,18 +314,23 @@ def bench_pair(
         if has_draft and rt.draft is None:
             chosen = [m for m in chosen if m not in ("model", "hybrid")]
             progress(f"bench: no draft model modes: {rt.draft_unavailable_reason}")
+        against = "".join(f", {r.label} ({r.url})" for r in remotes)
         progress(
-            f"bench: pair {rt.name}, {len(items)} prompts × {repeat} × modes {', '.join(chosen)} "
-            f"(temperature {temperature:g})"
+            f"bench: pair {rt.name}, {len(items)} prompts × {repeat} × modes {', '.join(chosen)}"
+            f"{against} (temperature {temperature:g})"
         )
-        runs = run_bench(
-            rt,
-            items,
-            modes=chosen,
-            repeat=repeat,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            progress=progress,
-        )
+        with httpx.Client(timeout=httpx.Timeout(10, read=600)) as client:
+            runs = run_bench(
+                rt,
+                items,
+                modes=chosen,
+                repeat=repeat,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                progress=progress,
+                remotes=remotes,
+                client=client,
+            )
     rows = summarize(runs, temperature=temperature)
-    return BenchReport(name, temperature, repeat, chosen, rows, loaded.plan, memory)
+    labels = [*chosen, *(r.label for r in remotes)]
+    return BenchReport(name, temperature, repeat, labels, rows, loaded.plan, memory)

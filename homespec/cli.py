@@ -197,6 +197,19 @@ def ask(
 @click.option("--task", "tasks", multiple=True, help="Only these tasks (repeatable).")
 @click.option("--max-tokens", type=click.IntRange(1), help="Cap every request's max_tokens.")
 @click.option("--temperature", type=click.FloatRange(0.0, 5.0), default=0.0, show_default=True)
+@click.option(
+    "--against",
+    "against",
+    multiple=True,
+    metavar="LABEL=URL",
+    help="Also send every request to this OpenAI-compatible server (e.g. a llama-server) and "
+    "put it in the table as LABEL (repeatable).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 512),
+    help="CPU threads for the pair (default: its models.toml setting), e.g. to match --against.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with a tasks list.")
 def bench(
     config: Path | None,
@@ -207,21 +220,26 @@ def bench(
     tasks: tuple[str, ...],
     max_tokens: int | None,
     temperature: float,
+    against: tuple[str, ...],
+    threads: int | None,
     as_json: bool,
 ) -> None:
     """A/B benchmark: plain vs each speculative mode of a pair, on the same prompts.
 
     Reports per task the median tok/s, e2e and ttft, accept rate, mean accepted drafts per
     step, speedup vs plain (ratio of medians from this run, with the per-prompt min–max) and
-    the share of answers identical to plain decoding's.
+    the share of answers identical to plain decoding's. With --against, other servers get the
+    same requests, interleaved with homespec's, and their speedup is against homespec plain.
     """
     load_llama_first()
     from homespec.bench import bench_pair, render_table
+    from homespec.bench_remote import parse_against
     from homespec.doctor import render_memory
     from homespec.errors import ConfigError
     from homespec.manifest import load_manifest
     from homespec.workload import default_workload, load_workload
 
+    remotes = [parse_against(value, i) for i, value in enumerate(against, 1)]
     manifest = load_manifest(config)
     items = load_workload(workload or default_workload())
     if tasks:
@@ -237,6 +255,8 @@ def bench(
         temperature=temperature,
         max_tokens=max_tokens,
         progress=err,
+        remotes=remotes,
+        threads=threads,
     )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

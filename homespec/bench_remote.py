@@ -1,0 +1,131 @@
+"""`homespec bench --against`: the same workload sent to another OpenAI-compatible server.
+
+Each request streams from `/v1/chat/completions` with the same messages, max_tokens,
+temperature and seed as homespec's own runs; ttft is the first content chunk, e2e the last byte,
+both measured here, so tok/s means what it means for homespec (answer tokens ÷ e2e). The token
+count is the server's `usage` when it sends one, else its content chunks. llama-server's
+`timings.draft_n` / `draft_n_accepted`, when present, give the accept rate.
+
+No homespec state is involved: a server is an address and a label, e.g.
+`llama-ngram=http://127.0.0.1:8091`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from homespec.engine.types import GenerationStats
+from homespec.errors import ConfigError, RequestError
+from homespec.workload import WorkItem
+
+WARM_UP = [{"role": "user", "content": "Say hello."}]
+
+
+@dataclass(frozen=True)
+class Remote:
+    label: str  # the bench table's mode column, e.g. "llama-ngram"
+    url: str  # base URL, without /v1
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.url}/v1/chat/completions"
+
+
+def parse_against(value: str, index: int) -> Remote:
+    """`LABEL=URL` or a bare URL (labelled remote1, remote2, …)."""
+    label, sep, url = value.partition("=")
+    if not sep:
+        label, url = f"remote{index}", value
+    url = url.strip().rstrip("/").removesuffix("/v1")
+    label = label.strip()
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"--against {value!r}: not an http(s) URL",
+            "give LABEL=http://HOST:PORT (an OpenAI-compatible server)",
+        )
+    if not label or any(c.isspace() for c in label) or "," in label:
+        raise ConfigError(f"--against {value!r}: bad label {label!r}", "use a short word")
+    return Remote(label, url)
+
+
+def _payload(messages: list[dict[str, str]], max_tokens: int, temperature: float) -> dict[str, Any]:
+    return {
+        "model": "default",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "seed": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def run_remote(
+    client: httpx.Client,
+    remote: Remote,
+    item: WorkItem,
+    *,
+    temperature: float,
+    max_tokens: int | None,
+) -> tuple[str, GenerationStats]:
+    messages = [{"role": m.role, "content": m.content} for m in item.messages]
+    limit = min(item.max_tokens, max_tokens) if max_tokens else item.max_tokens
+    return _stream(client, remote, _payload(messages, limit, temperature))
+
+
+def warm_up(client: httpx.Client, remote: Remote) -> None:
+    """One short request, so the server's first-request costs hit no measured run."""
+    _stream(client, remote, _payload(WARM_UP, 8, 0.0))
+
+
+def _stream(
+    client: httpx.Client, remote: Remote, payload: dict[str, Any]
+) -> tuple[str, GenerationStats]:
+    stats = GenerationStats(mode="plain", reason=f"{remote.label}: {remote.url}", drafter="none")
+    parts: list[str] = []
+    chunks = 0
+    usage: dict[str, Any] = {}
+    timings: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    try:
+        with client.stream("POST", remote.endpoint, json=payload) as r:
+            if r.status_code != 200:
+                r.read()
+                raise RequestError(
+                    f"{remote.label} at {remote.endpoint}: {r.status_code}: {r.text[:200]}",
+                    "check that it serves OpenAI chat completions",
+                )
+            for line in r.iter_lines():
+                data = line.removeprefix("data: ").strip()
+                if not line.startswith("data: ") or data == "[DONE]":
+                    continue
+                event = json.loads(data)
+                usage = event.get("usage") or usage
+                timings = event.get("timings") or timings
+                for choice in event.get("choices") or []:
+                    text = (choice.get("delta") or {}).get("content") or ""
+                    if text:
+                        if not parts:
+                            stats.ttft_ms = (time.perf_counter() - t0) * 1000.0
+                        parts.append(text)
+                        chunks += 1
+                    if choice.get("finish_reason"):
+                        stats.finish_reason = choice["finish_reason"]
+    except httpx.HTTPError as exc:
+        raise RequestError(
+            f"{remote.label} at {remote.endpoint}: {exc}", "is the server running?"
+        ) from None
+    stats.e2e_ms = (time.perf_counter() - t0) * 1000.0
+    stats.completion_tokens = int(usage.get("completion_tokens") or chunks)
+    stats.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    proposed = int(timings.get("draft_n") or 0)
+    if proposed:
+        stats.mode, stats.drafter = "speculative", "auto"
+        stats.proposed_tokens = proposed
+        stats.accepted_tokens = int(timings.get("draft_n_accepted") or 0)
+    return "".join(parts), stats
