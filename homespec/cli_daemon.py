@@ -119,6 +119,8 @@ def status(url: str | None, as_json: bool) -> None:
             deaths = len(engine.get("deaths") or [])
             again = f", restarted {deaths}×" if deaths else ""
             click.echo(f"{'':<14} engine: pid {engine['pid']}, holds {held or '—'}{again}")
+        if engine.get("threads_reason"):
+            click.echo(f"{'':<14} threads: {engine['threads']} ({engine['threads_reason']})")
         costs = p.get("costs") or {}
         if costs.get("verify_ms"):
             curve = ", ".join(f"{n}→{ms:.0f}" for n, ms in costs["verify_ms"].items())

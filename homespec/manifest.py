@@ -119,6 +119,16 @@ class PairSpec(_Strict):
     )
     n_ctx: int = Field(2048, ge=64, le=1_048_576)
     threads: int = Field(0, ge=0, le=512, description="0 = physical cores")
+    allow_special_tokens: bool = Field(
+        False,
+        description="parse control tokens (<|im_end|> & co.) typed inside chat messages; off: "
+        "only the chat template's own markers are control tokens, message text is text",
+    )
+    adapt_threads: bool = Field(
+        True,
+        description="use fewer threads while other processes keep cores busy (a llama.cpp "
+        "decode stalls when one of its threads is descheduled), back up when they are free",
+    )
     gpu_layers: int = Field(
         -1,
         ge=-1,

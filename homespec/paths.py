@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from homespec.errors import ConfigError
+
 HOME_ENV = "HOMESPEC_HOME"
 STATE_ENV = "HOMESPEC_STATE_DIR"
 CACHE_ENV = "HOMESPEC_CACHE_DIR"
@@ -16,7 +18,13 @@ def _directory(chosen: str | os.PathLike[str] | None, xdg_var: str, xdg_default:
         base = Path(chosen).expanduser()
     else:
         base = Path(os.environ.get(xdg_var) or xdg_default).expanduser() / "homespec"
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create directory {base}: {exc.strerror or exc}",
+            "point it at a writable directory (or fix the permissions)",
+        ) from None
     return base
 
 

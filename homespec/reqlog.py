@@ -31,8 +31,16 @@ class RequestLog:
         self.path = path
         self._lock = threading.Lock()
 
+    def check(self) -> None:
+        """Open the log for appending, as every request will (the daemon does this at start:
+        a log it cannot write is an error then, not a silent loss later)."""
+        os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640))
+
     def append(self, record: dict[str, Any]) -> None:
-        line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        text = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str)
+        # A lone surrogate from a client's JSON ("\ud800") has no UTF-8 form: written as the
+        # same JSON escape, so the line stays valid JSON and says what was sent.
+        line = (text + "\n").encode("utf-8", "backslashreplace")
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             try:

@@ -33,13 +33,14 @@ CYCLE = b"abcdefghijklmnopqrstuvwxyz "
 
 
 class FakeVocab:
-    def tokenize(self, text: str, *, special: bool) -> list[int]:
+    def tokenize(self, text: str, *, special: bool, add_bos: bool | None = None) -> list[int]:
+        bos = [BOS] if (special if add_bos is None else add_bos) else []
         if not special:
-            return list(text.encode())
-        head, sep, tail = text.rpartition(MARKER)
-        if not sep:
-            return [BOS, *text.encode()]
-        return [BOS, *head.encode(), MARK, *tail.encode()]
+            return [*bos, *text.encode()]
+        out = [*bos]
+        for i, piece in enumerate(text.split(MARKER)):
+            out += [MARK, *piece.encode()] if i else piece.encode()
+        return out
 
     def piece(self, token: int) -> bytes:
         return bytes([token]) if token < 256 else b""
@@ -124,6 +125,9 @@ class FakeTarget:
         for row, end in enumerate(range(len(history) - n_logits + 1, len(history) + 1)):
             out[row, self.next_token(history[:end])] = 12.0
         return out
+
+    def set_threads(self, n: int) -> None:
+        self.threads = n
 
     def clear(self) -> None:
         self.tokens = []

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -97,18 +100,45 @@ def host_name(header: str) -> str:
     return header.rpartition(":")[0].lower() if header.count(":") == 1 else header.lower()
 
 
+class Throttle:
+    """Wrong API keys per client address: after MAX_FAILS in WINDOW_S seconds, that address
+    gets a 429 with Retry-After until the oldest failure ages out. The right key is checked
+    first and always passes, so a guesser next door never locks out the owner."""
+
+    MAX_FAILS, WINDOW_S, MAX_ADDRESSES = 10, 60.0, 4096
+
+    def __init__(self) -> None:
+        self._fails: dict[str, deque[float]] = {}
+
+    def retry_after(self, addr: str, now: float) -> int:
+        """Seconds this address must wait (0: it may try)."""
+        fails = self._fails.get(addr)
+        while fails and fails[0] <= now - self.WINDOW_S:
+            fails.popleft()
+        if not fails or len(fails) < self.MAX_FAILS:
+            return 0
+        return max(1, math.ceil(fails[0] + self.WINDOW_S - now))
+
+    def failed(self, addr: str, now: float) -> None:
+        if addr not in self._fails and len(self._fails) >= self.MAX_ADDRESSES:
+            self._fails.pop(next(iter(self._fails)))  # the longest-known address goes first
+        self._fails.setdefault(addr, deque(maxlen=self.MAX_FAILS)).append(now)
+
+
 class Gate:
     """Who may talk to the daemon, as plain ASGI: Starlette's BaseHTTPMiddleware kept a
     request generating after its client had left, so nothing here wraps the response.
 
     - With an API key: every path but /health needs it, as `Authorization: Bearer KEY` (the
-      scheme in any case) or `X-API-Key: KEY`.
+      scheme in any case) or `X-API-Key: KEY`. /health answers without it, with less detail.
+      Repeated wrong keys from one address are slowed (`Throttle`).
     - Without one (the daemon then listens on loopback only): a Host header that names
       another site gets a 421, so a web page cannot reach the models through DNS rebinding.
     """
 
     def __init__(self, app: ASGIApp, key: str | None, hosts: frozenset[str]) -> None:
         self.app, self.key, self.hosts = app, key, hosts
+        self.throttle = Throttle()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -116,6 +146,7 @@ class Gate:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         refusal: JSONResponse | None = None
+        trusted = True  # the caller may see everything (paths in /health included)
         if self.key is None:
             host = headers.get("host", "")
             if host and host_name(host) not in self.hosts:
@@ -125,11 +156,24 @@ class Gate:
                     "allowed_hosts, or set an API key)",
                     "invalid_request_error",
                 )
-        elif scope["path"] not in OPEN_PATHS:
+        else:
             scheme, _, token = headers.get("authorization", "").partition(" ")
             given = token.strip() if scheme.lower() == "bearer" else ""
             given = given or headers.get("x-api-key", "")
-            if not hmac.compare_digest(given.encode(), self.key.encode()):
+            trusted = hmac.compare_digest(given.encode(), self.key.encode())
+            addr = (scope.get("client") or ("?", 0))[0]
+            now = time.monotonic()
+            wait = 0 if trusted or not given else self.throttle.retry_after(addr, now)
+            if wait:
+                refusal = _error(
+                    429,
+                    "too many wrong API keys from this address: wait before trying again",
+                    "rate_limit_error",
+                    headers={"Retry-After": str(wait)},
+                )
+            elif not trusted and scope["path"] not in OPEN_PATHS:
+                if given:
+                    self.throttle.failed(addr, now)
                 refusal = _error(
                     401,
                     "missing or wrong API key (Authorization: Bearer …)",
@@ -138,6 +182,7 @@ class Gate:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
+        scope.setdefault("state", {})["trusted"] = trusted
         await self.app(scope, receive, send)
 
 
@@ -178,8 +223,8 @@ def create_app(config: DaemonConfig) -> FastAPI:
         return _error(500, "internal error (logged by the daemon)", "server_error")
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # uptime checkers often use HEAD
-    async def health() -> JSONResponse:
-        h = daemon.health()
+    async def health(request: Request) -> JSONResponse:
+        h = daemon.health(detail=bool(getattr(request.state, "trusted", True)))
         return JSONResponse(h, status_code=200 if h["status"] in ("ready", "degraded") else 503)
 
     @app.get("/metrics")

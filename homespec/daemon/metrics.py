@@ -64,6 +64,18 @@ class Metrics:
             ["pair"],
             registry=r,
         )
+        self.log_lost = Counter(
+            "homespec_request_log_lost_lines",
+            "Request log lines that could not be written (disk full, permissions)",
+            registry=r,
+        )
+        self.threads = Gauge(
+            "homespec_engine_threads",
+            "llama.cpp CPU threads the pair used at the end of its last request (fewer while "
+            "other processes keep cores busy)",
+            ["pair"],
+            registry=r,
+        )
         self.engine_memory = Gauge(
             "homespec_engine_memory_bytes",
             "Memory the pair's engine process holds, per device (ram: resident; cudaN: NVML)",
@@ -84,6 +96,8 @@ class Metrics:
                 self.per_position.labels(pair, str(i)).inc(n)
         self.ttft.labels(pair).observe(stats.ttft_ms / 1000.0)
         self.e2e.labels(pair).observe(stats.e2e_ms / 1000.0)
+        if stats.threads:
+            self.threads.labels(pair).set(stats.threads)
 
     def set_state(
         self, pair: str, mode: str, queue_depth: int, deaths: int, memory: dict[str, int]

@@ -39,8 +39,42 @@ class ChatMessage(BaseModel):
         return "".join(p.text for p in self.content)
 
 
+def _bad_text(value: Any, where: str) -> str | None:
+    """The first string inside `value` that holds a NUL or a lone surrogate, described by its
+    path (`messages[0].content`). llama.cpp's tokenizer stops at a NUL, and a lone surrogate is
+    not text at all: neither may reach the model or the log in silence."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return f"{where} holds a NUL character (\\u0000)"
+        if any("\ud800" <= c <= "\udfff" for c in value):
+            return f"{where} holds a lone UTF-16 surrogate, which is not text"
+        return None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = ((f"[{i}]", v) for i, v in enumerate(value))  # type: ignore[assignment]
+    else:
+        return None
+    for key, item in items:
+        path = f"{where}{key}" if str(key).startswith("[") else f"{where}.{key}".lstrip(".")
+        found = _bad_text(str(key), path) if not str(key).startswith("[") else None
+        found = found or _bad_text(item, path)
+        if found:
+            return found
+    return None
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        problem = _bad_text(data, "")
+        if problem:
+            raise ValueError(f"{problem}: send plain text")
+        return data
+
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)

@@ -22,6 +22,7 @@ from homespec.daemon.service import DaemonConfig
 from homespec.errors import ConfigError
 from homespec.manifest import Manifest
 from homespec.paths import state_dir
+from homespec.reqlog import LOG_NAME, RequestLog
 
 LOG = logging.getLogger("homespec.daemon")
 API_KEY_ENV = "HOMESPEC_API_KEY"
@@ -66,9 +67,16 @@ def build(
     names = pairs or manifest.spec.server.pairs or [manifest.default_pair]
     for name in names:
         manifest.pair(name)
-    return DaemonConfig(
-        manifest=manifest, state_dir=state_dir(state), pairs=names, api_key=key, host=host
-    )
+    where = state_dir(state)
+    log = RequestLog(where / LOG_NAME)
+    try:
+        log.check()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the request log {log.path}: {exc.strerror or exc}",
+            "give --state-dir (or $HOMESPEC_STATE_DIR) a directory this user can write",
+        ) from None
+    return DaemonConfig(manifest=manifest, state_dir=where, pairs=names, api_key=key, host=host)
 
 
 def bind(host: str, port: int) -> socket.socket:

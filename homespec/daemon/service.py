@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,6 +28,15 @@ from homespec.resources import Machine, held
 LOG = logging.getLogger("homespec.daemon")
 
 
+_DIRS = re.compile(r"(?<![\w.~:/-])(?:~|[A-Za-z]:)?[/\\](?:[^\s'\"/\\]+[/\\])+")
+
+
+def without_paths(text: str) -> str:
+    """`/srv/models/x.gguf not found` → `x.gguf not found`: what an unauthenticated caller may
+    read of a reason (where the files live is the operator's business)."""
+    return _DIRS.sub("", text)
+
+
 @dataclass(frozen=True)
 class DaemonConfig:
     manifest: Manifest
@@ -42,6 +52,8 @@ class Daemon:
         self.server = config.manifest.spec.server
         self.metrics = Metrics()
         self.log = RequestLog(config.state_dir / LOG_NAME)
+        self.log_lost = 0  # request lines that could not be written
+        self.log_error = ""  # why the last write failed (empty once one succeeds again)
         self.started_at = time.time()
         self._announced = False
         self._closing = False
@@ -170,15 +182,23 @@ class Daemon:
                 rec[key] = d[key]
         try:
             self.log.append(rec)
-        except OSError as exc:  # a full disk must not fail the request
-            LOG.error("request log: %s", exc)
+            self.log_error = ""
+        except Exception as exc:  # a full disk must not fail the request, nor go unseen
+            self.log_lost += 1
+            self.log_error = f"request log {self.log.path}: cannot write ({exc})"
+            self.metrics.log_lost.inc()
+            LOG.error("%s; %d line(s) lost so far", self.log_error, self.log_lost)
         self.metrics.observe(worker.name, s.mode if s else worker.mode, outcome.status, s)
 
     # --- reports ---------------------------------------------------------------------------
 
-    def health(self) -> dict[str, Any]:
+    def health(self, *, detail: bool = True) -> dict[str, Any]:
+        """State, mode and why, per pair. `detail=False` (a caller without the API key): the
+        same, with file paths cut to their names."""
         states = [w.state for w in self.workers.values()]
         reasons = [f"{w.name}: {w.reason}" for w in self.workers.values() if w.degraded]
+        if self.log_error:
+            reasons.append(f"{self.log_error}; {self.log_lost} line(s) lost")
         if "ready" not in states:
             if all(s == "failed" for s in states):
                 status = "failed"
@@ -186,11 +206,12 @@ class Daemon:
                 status = "restarting" if "restarting" in states else "starting"
         else:
             status = "degraded" if reasons else "ready"
+        shown = (lambda text: text) if detail else without_paths
         return {
             "status": status,
-            "reasons": reasons,
+            "reasons": [shown(r) for r in reasons],
             "pairs": {
-                w.name: {"state": str(w.state), "mode": w.mode, "reason": w.reason}
+                w.name: {"state": str(w.state), "mode": w.mode, "reason": shown(w.reason)}
                 for w in self.workers.values()
             },
         }
@@ -223,6 +244,9 @@ class Daemon:
                 "memory": w.memory(),
                 "deaths": [{"signal": d.signal, "site": d.site.label} for d in w.deaths],
                 "last_incident": w.incident or None,
+                # llama.cpp CPU threads after the last request, and why fewer than configured
+                "threads": w.threads[0] or None,
+                "threads_reason": w.threads[1] or None,
             },
         }
         if w.info is not None:

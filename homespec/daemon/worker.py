@@ -124,6 +124,7 @@ class PairWorker:
         self.pending = 0  # waiting + running
         self.served = 0
         self.recent: deque[tuple[int, int]] = deque(maxlen=ROLLING)  # (proposed, accepted)
+        self.threads: tuple[int, str] = (0, "")  # (count, why fewer) after the last request
         self.started_at = time.perf_counter()
         self.ready_after_s: float | None = None
         self.speculative_after_s: float | None = None
@@ -420,6 +421,8 @@ class PairWorker:
         self.served += 1
         if outcome.stats is not None and outcome.stats.mode == "speculative":
             self.recent.append((outcome.stats.proposed_tokens, outcome.stats.accepted_tokens))
+        if outcome.stats is not None and outcome.stats.threads:
+            self.threads = (outcome.stats.threads, outcome.stats.threads_reason)
         on_done(outcome)
 
     async def close(self) -> None:

@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from homespec.engine.chat_text import chat_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
-from homespec.engine.governor import Choice, Ledger, choose
+from homespec.engine.governor import Choice, CostCurve, Ledger, choose
+from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
 from homespec.engine.sampling import SamplingParams, pick, verify
 from homespec.engine.target import Target
@@ -47,6 +49,7 @@ class PairRuntime:
     plain_only_reason: str = ""  # the target cannot speculate at all (e.g. recurrent state)
     draft_failed: bool = False  # the draft model failed to load: the pair runs degraded
     ledger: Ledger = field(default_factory=Ledger)  # what the governor has measured
+    threads: ThreadAdapter | None = None  # adapts llama.cpp's CPU threads to the neighbours
 
     def clear_caches(self) -> None:
         """Drop cached prompt prefixes (the bench does this so every run pays its prompt)."""
@@ -82,13 +85,14 @@ def prompt_tokens(rt: PairRuntime, req: GenerationRequest) -> tuple[list[int], s
     """The prompt's tokens and how it was rendered (one of PROMPT_FORMATS' values)."""
     model = rt.target.model
     if req.messages is not None:
-        text = model.chat_prompt(req.messages)
+        # Message contents are text: a typed <|im_end|> is not the template's end of turn.
+        tokens = chat_tokens(model, req.messages, allow_special=rt.spec.allow_special_tokens)
         how = PROMPT_FORMATS["chat" if model.has_chat_template() else "transcript"]
     elif req.prompt is not None:
-        text, how = req.prompt, PROMPT_FORMATS["raw"]
+        # A raw prompt is the caller's own rendering: its control tokens are meant.
+        tokens, how = model.tokenize(req.prompt, special=True), PROMPT_FORMATS["raw"]
     else:
         raise RequestError("request has neither messages nor a prompt", "send one of them")
-    tokens = model.tokenize(text, special=True)
     if not tokens:
         raise RequestError("the prompt is empty", "send some text")
     if len(tokens) >= rt.target.n_ctx:
@@ -171,6 +175,7 @@ def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) ->
             best = min(best, (time.perf_counter() - t0) * 1000.0)
         rt.ledger.observe_draft(4, best)
         d.clear()
+    rt.ledger.quiet = CostCurve(dict(rt.ledger.verify.points))
     LOG.info(
         "pair %s: decode cost (ms) by tokens %s; draft %s ms/token",
         rt.name,
@@ -244,6 +249,9 @@ def generate_steps(
             out += text.flush()
         return Chunk(out, drafted) if out else None
 
+    adapter = rt.threads
+    if adapter is not None:
+        adapter.tick()
     # Prompt: one pass (chunked by n_batch inside extend), logits for the last position only.
     first = pick(rt.target.extend(history, 1)[0], params, rng)
     stats.ttft_ms = (time.perf_counter() - t_start) * 1000.0
@@ -257,6 +265,8 @@ def generate_steps(
     while not done:
         room = min(max_new - stats.completion_tokens, rt.target.n_ctx - len(history)) - 1
         k = step_tokens(decision, room=room, max_outputs=rt.target.n_outputs_max)
+        if adapter is not None:
+            adapter.tick()
         source, proposal = "none", Proposal([])
         if decision.drafter == "auto" and k > 0:
             source, proposal, last = _governed(rt, req.task, history, k, params, rng)
@@ -269,7 +279,10 @@ def generate_steps(
         drafts = proposal.tokens
         t0 = time.perf_counter()
         logits = rt.target.extend(history + drafts, len(drafts) + 1)
-        ledger.verify.observe(len(drafts) + 1, (time.perf_counter() - t0) * 1000.0)
+        ms = (time.perf_counter() - t0) * 1000.0
+        ledger.verify.observe(len(drafts) + 1, ms)
+        if adapter is not None:
+            adapter.observe(len(drafts) + 1, ms)
         stats.verify_steps += 1
         n_kept, following = verify(drafts, proposal.probs, logits, params, rng)
         if drafts:
@@ -300,6 +313,10 @@ def generate_steps(
         stats.reason = f"{decision.reason}; last step: {last.reason}; steps: {steps}"
         if not stats.draft_steps:
             stats.mode = "plain"
+    if adapter is not None:
+        stats.threads, stats.threads_reason = adapter.state.threads, adapter.state.reason
+        if adapter.note:
+            stats.reason += f"; {adapter.note}"
     tail = text.flush()
     if tail:
         yield [Chunk(tail, False)]

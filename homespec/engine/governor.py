@@ -248,6 +248,7 @@ class Ledger:
     writes it (with timings it reads from the clock); `inputs()` hands it to `choose()`."""
 
     verify: CostCurve = field(default_factory=CostCurve)
+    quiet: CostCurve = field(default_factory=CostCurve)  # the calibration's, never updated
     draft_ms: float | None = None
     ngram_ms: float = 0.02
     by_task: dict[str | None, dict[Option, Acceptance]] = field(default_factory=dict)

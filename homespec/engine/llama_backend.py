@@ -108,16 +108,18 @@ class LlamaModel:
         self.filler_token: int = self.tokenize(" the", special=False)[-1]
         self._pieces: dict[int, bytes] = {}
 
-    def tokenize(self, text: str, *, special: bool) -> list[int]:
-        """`special`: add BOS if the model wants it and parse special tokens like <|im_end|>."""
+    def tokenize(self, text: str, *, special: bool, add_bos: bool | None = None) -> list[int]:
+        """`special`: parse special tokens like <|im_end|> and, unless `add_bos` says
+        otherwise, add BOS if the model wants it."""
         raw = text.encode("utf-8")
         n_max = len(raw) + 8
+        bos = special if add_bos is None else add_bos
         buf = (lc.llama_token * n_max)()
-        n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, n_max, special, special)
+        n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, n_max, bos, special)
         if n < 0:  # buffer too small: -n is the size needed
             n_max = -n
             buf = (lc.llama_token * n_max)()
-            n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, n_max, special, special)
+            n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, n_max, bos, special)
         if n < 0:
             raise EngineError(f"tokenization failed ({n})", "report this as a bug")
         return list(buf[:n])
@@ -311,6 +313,10 @@ class LlamaContext:
         n = min(4, self.n_ctx, self.n_outputs_max)
         self.extend([self.model.filler_token] * n, n)
         self.clear()
+
+    def set_threads(self, n: int) -> None:
+        """CPU threads for the next decodes (llama.cpp allows a change between two decodes)."""
+        lc.llama_set_n_threads(self._ctx, n, n)
 
     def clear(self) -> None:
         """Forget everything cached (the next extend() evaluates its whole history)."""

@@ -26,6 +26,7 @@ from homespec.engine.llama_backend import (
     supports_gpu_offload,
     system_info,
 )
+from homespec.engine.neighbours import ThreadAdapter
 from homespec.errors import OutOfMemoryError
 from homespec.manifest import Manifest, PairSpec
 from homespec.pairs import PairFiles, inspect_pair, plan
@@ -88,6 +89,10 @@ class Held:
     load_ms: dict[str, float] = field(default_factory=dict)
     memory: list[MemoryCheck] = field(default_factory=list)
     repack: dict[str, repack.Verdict] = field(default_factory=dict)  # by role
+
+    def set_threads(self, n: int) -> None:
+        for ctx in self.contexts:
+            ctx.set_threads(n)
 
     def close(self) -> None:
         _close(self.contexts, self.models)
@@ -279,6 +284,12 @@ def load_pair(
             draft_unavailable_reason=unavailable,
             plain_only_reason=plain_only,
         )
+        if pair.adapt_threads:
+            runtime.threads = ThreadAdapter(
+                max_threads=pair.threads or default_threads(),
+                apply=held.set_threads,
+                quiet_ms=runtime.ledger.quiet.at,
+            )
         loaded = LoadedPair(runtime, files, the_plan, held, manifest, site)
         if load_draft:
             attach_draft(loaded, measure_peak=measure_peak, warm_up=warm_up)
@@ -319,6 +330,8 @@ def attach_draft(
         rt.draft_failed = True
         raise
     with idle or nullcontext():
+        if rt.threads is not None:
+            ctx.set_threads(rt.threads.state.threads)  # as the neighbours left the target
         rt.draft = ModelDrafter(ctx, p_min=rt.spec.draft_p_min)
         rt.draft_unavailable_reason = ""
     LOG.info("pair %s: draft attached, speculation available", rt.name)

@@ -17,7 +17,10 @@ from homespec.engine.types import Message
 
 
 class Vocabulary(Protocol):
-    def tokenize(self, text: str, *, special: bool) -> list[int]: ...
+    def tokenize(self, text: str, *, special: bool, add_bos: bool | None = None) -> list[int]:
+        """`special`: parse control tokens in `text` and (unless `add_bos` says otherwise) add
+        BOS when the model wants one."""
+        ...
 
     def piece(self, token: int) -> bytes: ...
 
@@ -48,3 +51,7 @@ class Target(Protocol):
         ...
 
     def clear(self) -> None: ...
+
+    def set_threads(self, n: int) -> None:
+        """CPU threads for the next decodes."""
+        ...

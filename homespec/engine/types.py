@@ -61,6 +61,8 @@ class GenerationStats:
     prompt_format: str = "chat template"  # or a plain transcript for base models, or raw
     # accepted_per_position[i] counts steps whose draft token i (0-based) was accepted.
     accepted_per_position: list[int] = field(default_factory=list)
+    threads: int = 0  # llama.cpp CPU threads at the end (0: not adapted, e.g. the fake target)
+    threads_reason: str = ""  # why fewer than the pair's threads (empty: all of them)
 
     @property
     def accept_rate(self) -> float | None:

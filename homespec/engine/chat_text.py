@@ -1,0 +1,50 @@
+"""A chat rendered for the model with only the template's own markers as control tokens.
+
+The chat template turns messages into one string (`<|im_start|>user\\nHi<|im_end|>…`).
+Tokenizing that string with special-token parsing on would also turn a `<|im_end|>` that a
+user typed into a real end-of-turn, so a message could forge a system turn. Instead the
+template is rendered a second time with a placeholder for each message's content; the text
+between placeholders is the template's (parsed for special tokens), the placeholders' places
+are the contents (tokenized as plain text). A pair may opt out (`allow_special_tokens`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from homespec.engine.target import Vocabulary
+from homespec.engine.types import Message
+
+# Private-use characters: no template writes them, and no strip() (C's or Python's) removes them.
+_MARK = "\ue000homespec-content-{}\ue001"
+_SPLIT = re.compile("\ue000homespec-content-(\\d+)\ue001")
+
+
+def split_chat(model: Vocabulary, messages: list[Message]) -> list[tuple[str, bool]]:
+    """The rendered prompt as (text, is_content) pieces that concatenate to the template's
+    output. Templates that trim contents are matched by trying the stripped text too."""
+    real = model.chat_prompt(messages)
+    marked = model.chat_prompt([Message(m.role, _MARK.format(i)) for i, m in enumerate(messages)])
+    pieces = _SPLIT.split(marked)  # template, index, template, index, …, template
+    variants: list[Callable[[str], str]] = [str, str.strip]
+    parts: list[tuple[str, bool]] = []
+    for variant in variants:
+        parts = [
+            (variant(messages[int(p)].content), True) if j % 2 else (p, False)
+            for j, p in enumerate(pieces)
+        ]
+        if "".join(text for text, _ in parts) == real:
+            break
+    return [(text, content) for text, content in parts if text]
+
+
+def chat_tokens(model: Vocabulary, messages: list[Message], *, allow_special: bool) -> list[int]:
+    """The prompt's tokens: BOS (when the model wants one), template markers as control
+    tokens, message contents as text (or as written, with `allow_special`)."""
+    if allow_special:
+        return model.tokenize(model.chat_prompt(messages), special=True)
+    tokens: list[int] = []
+    for i, (text, content) in enumerate(split_chat(model, messages)):
+        tokens += model.tokenize(text, special=not content, add_bos=i == 0)
+    return tokens

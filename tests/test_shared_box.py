@@ -1,0 +1,188 @@
+"""A daemon that shares its box (issue 16): untrusted text, an unusable state dir, /health for
+callers without the key, wrong-key throttling. The daemon runs the scripted fake engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from homespec.cli import cli
+from homespec.daemon.app import Throttle
+from homespec.daemon.service import without_paths
+from tests.daemon_process import (
+    Daemon,
+    fake_daemon,
+    fake_manifest_file,
+    start_daemon,
+    wait_until,
+)
+
+CHAT = "/v1/chat/completions"
+JSON = {"content-type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = fake_daemon(tmp_path_factory.mktemp("box"), env={"HOMESPEC_FAKE_DECODE_S": "0.002"})
+    yield d
+    d.stop()
+
+
+def log_lines(d: Daemon) -> list[dict[str, object]]:
+    path = d.state_dir / "requests.jsonl"
+    return [json.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "what"),
+    [
+        (
+            rb'{"messages": [{"role": "user", "content": "a\u0000bc"}]}',
+            "messages[0].content",
+            "NUL",
+        ),
+        (
+            rb'{"model": "\ud800", "messages": [{"role": "user", "content": "hi"}]}',
+            "model",
+            "lone UTF-16 surrogate",
+        ),
+        (
+            rb'{"messages": [{"role": "user", "content": "hi"}], "stop": ["ok", "x\u0000"]}',
+            "stop[1]",
+            "NUL",
+        ),
+        (
+            rb'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}',
+            "messages[0].content[0].text",
+            "lone UTF-16 surrogate",
+        ),
+        (rb'{"messages": [{"role": "user", "content": "hi"}], "user": "\u0000"}', "user", "NUL"),
+    ],
+    ids=["nul-content", "surrogate-model", "nul-stop", "surrogate-part", "nul-ignored-field"],
+)
+def test_nul_and_lone_surrogates_are_400s_that_name_the_field(
+    daemon: Daemon, body: bytes, field: str, what: str
+) -> None:
+    r = httpx.post(daemon.url + CHAT, content=body, headers=JSON)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert f"{field} holds a" in message and what in message, message
+
+
+def test_a_raw_prompt_with_a_nul_is_refused_too(daemon: Daemon) -> None:
+    body = rb'{"prompt": "abc\u0000def", "max_tokens": 4}'
+    r = httpx.post(daemon.url + "/v1/completions", content=body, headers=JSON)
+    assert r.status_code == 400 and "prompt holds a NUL" in r.json()["error"]["message"]
+
+
+def test_every_answered_request_leaves_exactly_one_log_line(daemon: Daemon) -> None:
+    odd = [
+        rb'{"model": "gpt-4\u2028\ud83d\ude00", "messages": [{"role": "user", "content": "hi"}]}',
+        rb'{"model": "smollm2", "task": "t\"\\\n", "messages": [{"role": "user", "content": "x"}]}',
+        '{"model": "smollm2", "messages": [{"role": "user", "content": "é ü 😀"}]}'.encode(),
+    ]
+    before = len(log_lines(daemon))
+    for n, body in enumerate(odd, 1):
+        r = httpx.post(daemon.url + CHAT, content=body + b"", headers=JSON, timeout=30)
+        assert r.status_code == 200, r.text
+        lines = log_lines(daemon)
+        assert len(lines) == before + n
+        assert lines[-1]["id"] == r.headers["X-Request-Id"] and lines[-1]["outcome"] == "ok"
+    assert log_lines(daemon)[-3]["model"] == "gpt-4\u2028😀"
+
+
+def test_a_state_dir_that_cannot_be_used_is_exit_2(tmp_path: Path) -> None:
+    config = str(fake_manifest_file(tmp_path))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    r = CliRunner().invoke(cli, ["serve", "--config", config, "--state-dir", str(a_file / "s")])
+    assert r.exit_code == 2, r.output
+    assert f"Error: cannot create directory {a_file / 's'}" in r.stderr
+    assert "writable directory" in r.stderr
+    state = tmp_path / "state"
+    (state / "requests.jsonl").mkdir(parents=True)  # the log itself cannot be opened
+    r = CliRunner().invoke(cli, ["serve", "--config", config, "--state-dir", str(state)])
+    assert r.exit_code == 2, r.output
+    assert f"Error: cannot write the request log {state / 'requests.jsonl'}" in r.stderr
+    assert "--state-dir" in r.stderr
+
+
+def test_a_log_that_fails_at_run_time_degrades_health_and_counts_lost_lines(
+    tmp_path: Path,
+) -> None:
+    d = fake_daemon(tmp_path, env={"HOMESPEC_FAKE_DECODE_S": "0.002"})
+    try:
+        ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        assert d.post(CHAT, ask).status_code == 200
+        log = d.state_dir / "requests.jsonl"
+        log.unlink()
+        log.mkdir()  # from now on every append fails
+        for _ in range(2):
+            assert d.post(CHAT, ask).status_code == 200  # the answer is not lost
+        health = d.get("/health").json()
+        assert health["status"] == "degraded"
+        assert any("cannot write" in r and "2 line(s) lost" in r for r in health["reasons"])
+        metrics = d.get("/metrics").text
+        assert "homespec_request_log_lost_lines_total 2.0" in metrics
+        shutil.rmtree(log)
+        assert d.post(CHAT, ask).status_code == 200
+        assert d.get("/health").json()["status"] == "ready"  # writing works again
+        assert len(log.read_text().splitlines()) == 1
+    finally:
+        d.stop()
+
+
+def test_health_without_the_key_names_no_paths(tmp_path: Path) -> None:
+    # The real engine, on a manifest whose model files do not exist: the pair fails, and its
+    # reason names the missing file.
+    config = fake_manifest_file(tmp_path)
+    d = start_daemon(config, tmp_path, env={"HOMESPEC_API_KEY": "s3cret"}, wait=False)
+    try:
+        wait_until(d, lambda h: h["status"] == "failed")
+        full = d.get("/health", headers={"Authorization": "Bearer s3cret"})
+        assert str(tmp_path / "fake-target.gguf") in full.text  # the owner sees where
+        public = d.get("/health")
+        assert public.status_code == full.status_code == 503
+        assert public.json()["status"] == "failed"
+        assert str(tmp_path) not in public.text
+        assert "fake-target.gguf" in public.text  # which file, not where it lives
+    finally:
+        d.stop()
+
+
+def test_paths_are_cut_to_their_names() -> None:
+    assert without_paths("/srv/models/x.gguf not found") == "x.gguf not found"
+    assert without_paths("see ~/m/y.gguf, C:\\m\\z.gguf") == "see y.gguf, z.gguf"
+    assert without_paths("1/2 of http://h/x") == "1/2 of http://h/x"
+
+
+def test_repeated_wrong_keys_are_slowed_but_the_right_key_is_not(tmp_path: Path) -> None:
+    d = fake_daemon(tmp_path, env={"HOMESPEC_API_KEY": "s3cret"})
+    try:
+        wrong = {"Authorization": "Bearer guess"}
+        codes = [d.get("/v1/models", headers=wrong).status_code for _ in range(15)]
+        assert codes[: Throttle.MAX_FAILS] == [401] * Throttle.MAX_FAILS
+        assert set(codes[Throttle.MAX_FAILS :]) == {429}
+        r = d.get("/v1/models", headers=wrong)
+        assert r.status_code == 429 and 1 <= int(r.headers["Retry-After"]) <= 60
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        right = d.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
+        assert right.status_code == 200  # from the same address, at once
+        assert d.get("/health").status_code == 200  # no key at all is not a wrong key
+    finally:
+        d.stop()
+
+
+def test_the_throttle_forgets_old_failures() -> None:
+    t = Throttle()
+    for i in range(Throttle.MAX_FAILS):
+        t.failed("a", float(i))
+    assert t.retry_after("a", 10.0) == 50  # the oldest (t=0) ages out at 60
+    assert t.retry_after("b", 10.0) == 0  # another address is not affected
+    assert t.retry_after("a", 60.5) == 0

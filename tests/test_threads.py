@@ -1,0 +1,100 @@
+"""Thread adaptation on a shared box: the pure decision (engine/threads.py) and the adapter's
+wiring into the generation loop (engine/neighbours.py), with synthetic measurements."""
+
+from __future__ import annotations
+
+from homespec.engine.neighbours import ThreadAdapter
+from homespec.engine.threads import (
+    HOLD_S,
+    RAISE_AFTER,
+    Sample,
+    ThreadState,
+    fit,
+    next_threads,
+)
+
+
+def run(max_threads: int, samples: list[Sample], start: int | None = None) -> list[int]:
+    state = ThreadState(start or max_threads)
+    out = []
+    for s in samples:
+        state = next_threads(max_threads, state, s)
+        out.append(state.threads)
+    return out
+
+
+def quiet(t: float, cores: int = 2, others: float = 0.05) -> Sample:
+    return Sample(t, cores, others, 1.0)
+
+
+def test_fit_gives_each_thread_a_mostly_free_core() -> None:
+    assert fit(2, 2, 0.05) == 2  # quiet
+    assert fit(2, 2, 0.7) == 1  # one busy neighbour, sharing with our second thread
+    assert fit(2, 2, 1.0) == 1
+    assert fit(2, 2, 2.0) == 1  # never zero
+    assert fit(8, 8, 1.0) == 7
+    assert fit(4, 8, 0.0) == 4  # never more than the pair's threads
+
+
+def test_a_busy_neighbour_drops_a_thread_at_once_and_says_so() -> None:
+    state = next_threads(2, ThreadState(2), Sample(1.0, 2, 0.9, None))
+    assert state.threads == 1
+    assert "other processes use 0.9 of 2 cores" in state.reason
+
+
+def test_it_comes_back_only_after_calm_samples() -> None:
+    busy = [Sample(t, 2, 1.0, None) for t in range(3)]
+    calm = [quiet(3.0 + t) for t in range(RAISE_AFTER)]
+    threads = run(2, busy + calm)
+    assert threads[:3] == [1, 1, 1]
+    assert threads[3 : 3 + RAISE_AFTER - 1] == [1] * (RAISE_AFTER - 1)
+    assert threads[-1] == 2
+
+
+def test_a_short_burst_does_not_flap() -> None:
+    # Busy, then calm samples interrupted by a burst before RAISE_AFTER: stays down.
+    samples = [Sample(0, 2, 1.0, None), quiet(1), quiet(2), Sample(3, 2, 0.9, None), quiet(4)]
+    assert run(2, samples) == [1, 1, 1, 1, 1]
+
+
+def test_slow_decodes_drop_a_thread_and_hold_it_down() -> None:
+    # The neighbours look idle (a cgroup quota, say) but decodes are 6× their quiet cost.
+    state = next_threads(2, ThreadState(2), Sample(0.0, 2, 0.0, 6.0))
+    assert state.threads == 1 and "6.0× slower than quiet" in state.reason
+    assert state.hold_until == HOLD_S
+    for t in range(1, int(HOLD_S)):  # calm, but within the hold: no raise
+        state = next_threads(2, state, quiet(float(t)))
+        assert state.threads == 1
+    state = next_threads(2, state, quiet(HOLD_S + 1))
+    assert state.threads == 2
+    # Wrong again: the next hold is twice as long.
+    state = next_threads(2, state, Sample(HOLD_S + 2, 2, 0.0, 6.0))
+    assert state.threads == 1 and state.hold_until == HOLD_S + 2 + 2 * HOLD_S
+
+
+def test_quiet_full_threads_never_change() -> None:
+    assert run(4, [Sample(float(t), 4, 0.2, 1.1) for t in range(50)]) == [4] * 50
+
+
+def test_one_thread_pairs_have_nothing_to_drop() -> None:
+    assert run(1, [Sample(0, 2, 1.5, 9.0)]) == [1]
+
+
+def test_the_adapter_applies_changes_and_reports_them() -> None:
+    applied: list[int] = []
+    readings = iter([1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+
+    class Meter:
+        def start(self) -> None: ...
+
+        def others(self) -> float | None:
+            return next(readings)
+
+    adapter = ThreadAdapter(2, applied.append, lambda n: 10.0, cores=2, meter=Meter())  # type: ignore[arg-type]
+    for _ in range(6):
+        adapter._next = 1e-9  # every call is a new window (no waiting in a unit test)
+        adapter.tick()
+        if adapter.state.threads == 1:
+            assert adapter.note == "threads 1 of 2 (other processes use 1.0 of 2 cores)"
+    assert applied == [1, 2]
+    assert adapter.note == ""
