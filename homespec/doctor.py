@@ -60,6 +60,7 @@ class PairReport:
     error: str = ""
     plan: PairPlan | None = None
     measured: list[dict[str, Any]] = field(default_factory=list)
+    costs: dict[str, Any] = field(default_factory=dict)  # calibrated (doctor --measure)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +71,7 @@ class PairReport:
             "error": self.error,
             "plan": self.plan.to_dict() if self.plan else None,
             "measured": self.measured,
+            "costs": self.costs or None,
         }
 
 
@@ -255,6 +257,12 @@ def render_pair(r: PairReport) -> list[str]:
     if r.measured:
         lines.append("  measured (peak, after filling the context once)")
         lines += ["    " + line for line in render_memory(r.measured).splitlines()]
+    if r.costs:
+        curve = ", ".join(f"{n}→{ms:g}" for n, ms in r.costs["verify_ms"].items())
+        draft = r.costs.get("draft_ms_per_token")
+        lines.append(f"  costs   one target decode, ms by tokens in it: {curve}")
+        if draft is not None:
+            lines.append(f"          draft model: {draft:g} ms per token")
     return lines
 
 
@@ -291,4 +299,5 @@ def measure(manifest: Manifest, report: PairReport) -> None:
         report.error = f"measuring failed (exit {done.returncode}): {tail}"
         report.status = BROKEN
         return
-    report.measured = json.loads(done.stdout)
+    found = json.loads(done.stdout)
+    report.measured, report.costs = found["memory"], found["costs"]

@@ -1,5 +1,7 @@
-"""`python -m homespec.memcheck MANIFEST PAIR`: load a pair, fill its contexts, print predicted vs
-measured memory as JSON. Run by `homespec doctor --measure` in a fresh process per pair."""
+"""`python -m homespec.memcheck MANIFEST PAIR`: load a pair, fill its contexts, and print as JSON
+predicted vs measured memory and the governor's calibrated costs (ms of one target decode by
+tokens in it, ms per draft-model token). Run by `homespec doctor --measure` in a fresh process
+per pair."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import sys
 from typing import Any
 
+from homespec.engine.generate import calibrate
 from homespec.engine.loader import LoadedPair, load_pair
 from homespec.manifest import load_manifest
 from homespec.resources import RAM
@@ -39,7 +42,14 @@ def memory_rows(loaded: LoadedPair) -> list[dict[str, Any]]:
 def main(argv: list[str]) -> int:
     manifest_path, pair = argv
     with load_pair(load_manifest(manifest_path), pair, measure_peak=True) as loaded:
-        print(json.dumps(memory_rows(loaded)))
+        rows = memory_rows(loaded)
+        calibrate(loaded.runtime)
+        ledger = loaded.runtime.ledger
+        costs = {
+            "verify_ms": {str(n): round(ms, 2) for n, ms in sorted(ledger.verify.points.items())},
+            "draft_ms_per_token": None if ledger.draft_ms is None else round(ledger.draft_ms, 2),
+        }
+        print(json.dumps({"memory": rows, "costs": costs}))
     return 0
 
 

@@ -4,8 +4,9 @@ process beside it, with thread adaptation (the default) and with a fixed thread 
 
     .venv/bin/python scripts/neighbour_drill.py [--repeat 3] [--max-tokens 128] [--fixed-busy]
 
-One loaded pair, one prompt at temperature 0, rounds interleaved so no configuration always
-runs on a warmer machine. Prints a table of median tok/s and the two ratios that matter:
+One loaded pair, one prompt at temperature 0: quiet rounds (adaptive and fixed interleaved),
+then rounds beside one CPU-bound process, then how long the engine takes to get its threads
+back once that process is gone. Prints a table of median tok/s and the two ratios that matter:
 
 - busy ÷ quiet, adaptive: what a neighbour costs the default config (target ≥ 0.5×);
 - quiet adaptive ÷ quiet fixed: what adaptation costs when nobody is there (target ≥ 0.95×).
@@ -86,21 +87,30 @@ def main() -> int:
     print(
         f"drill: pair {rt.name}, {full} threads configured, {args.repeat} rounds", file=sys.stderr
     )
+    # 1. Quiet: adaptation must cost nothing (interleaved, alternating which goes first).
     for rnd in range(args.repeat):
-        print(f"round {rnd + 1}", file=sys.stderr)
         quiet = [("quiet adaptive", True), ("quiet fixed", False)]
         for name, adaptive in quiet[rnd % 2 :] + quiet[: rnd % 2]:
             measure(name, adaptive, args.max_tokens)
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        try:
-            time.sleep(1.0)  # the neighbour is there before the request, as on a real box
+    # 2. One CPU-bound neighbour, there before the requests, as on a real box.
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)
+        for _ in range(args.repeat):
             measure("busy adaptive", True, args.max_tokens)
             if args.fixed_busy:
                 measure("busy fixed", False, 16)
-        finally:
-            hog.kill()
-            hog.wait()
-        time.sleep(1.0)
+    finally:
+        hog.kill()
+        hog.wait()
+    # 3. The neighbour leaves: seconds of decoding until all threads are back.
+    rt.threads = adapter
+    loaded.held.set_threads(adapter.state.threads)
+    t0, back = time.perf_counter(), None
+    while back is None and time.perf_counter() - t0 < 30:
+        answer(rt, 32)
+        if adapter.state.threads == full:
+            back = time.perf_counter() - t0
     loaded.close()
 
     med = {k: statistics.median(v) for k, v in results.items()}
@@ -113,6 +123,8 @@ def main() -> int:
     print(f"quiet adaptive ÷ quiet fixed:      {cost:.2f}×  (target ≥ 0.95×)")
     if "busy fixed" in med:
         print(f"busy fixed ÷ quiet fixed:          {med['busy fixed'] / med['quiet fixed']:.2f}×")
+    after = "not within 30 s" if back is None else f"after {back:.1f} s of answering"
+    print(f"neighbour gone: back to {full} threads {after}")
     return 0 if busy >= 0.5 and cost >= 0.95 else 1
 
 

@@ -5,7 +5,9 @@ A daemon started with HOMESPEC_ENGINE=tests.fake_engine runs it for every pair, 
 API, the queue, cancellation, crash recovery and the CLI are tested without model files.
 The pair's manifest entry is read as usual; its model files are never opened. Set
 HOMESPEC_FAKE_DECODE_S to change how long one fake decode takes (default 2 ms), and
-HOMESPEC_FAKE_DRAFT_FAULT=1 to make the draft's first decode die by SIGSEGV.
+HOMESPEC_FAKE_DRAFT_FAULT=1 to make the draft's first decode die by SIGSEGV, and
+HOMESPEC_FAKE_OTHERS=X to run thread adaptation (2 threads, 2 cores, 10 ms windows) as if other
+processes kept X cores busy.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from homespec.engine.child import describe, main
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
+from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.protocol import EngineInfo, Load
 from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT
 from homespec.planner import Arrangement, PairPlan
@@ -25,6 +28,23 @@ from homespec.resources import Machine
 from homespec.vocab import PlanMode, Rung
 
 from .fake_target import BOS, FakeTarget
+
+
+class FixedMeter:
+    """A CPU meter that reads the same neighbour load every window."""
+
+    def __init__(self, others: float) -> None:
+        self.value = others
+
+    def resume(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def active_s(self) -> float:
+        return 1.0  # every step ends a window
+
+    def others(self) -> float:
+        return self.value
 
 
 class FakeSession:
@@ -57,6 +77,16 @@ class FakeSession:
             ngram=NgramDrafter(n_min=spec.ngram_min, n_max=spec.ngram_max),
             draft_unavailable_reason=unavailable,
         )
+        others = os.environ.get("HOMESPEC_FAKE_OTHERS")
+        if others is not None:
+            self._runtime.threads = ThreadAdapter(
+                2,
+                target.set_threads,
+                lambda n: None,
+                cores=2,
+                meter=FixedMeter(float(others)),  # type: ignore[arg-type]
+                window_s=0.01,
+            )
         self.target_file = f"{spec.target}.fake"
 
     @property

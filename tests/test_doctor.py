@@ -153,8 +153,13 @@ def test_prediction_within_15_percent_of_measured_memory(demo_manifest: Manifest
         text=True,
         check=True,
     )
-    rows = {r["role"]: r for r in json.loads(done.stdout) if r["device"] == "ram"}
+    found = json.loads(done.stdout)
+    rows = {r["role"]: r for r in found["memory"] if r["device"] == "ram"}
     assert set(rows) == {"target", "draft"}
     for role, r in rows.items():
         assert r["measured"] > 50 * 2**20, role  # the load really happened in that process
         assert abs(r["error"]) <= 0.15, (role, r)
+    # The governor's calibration comes with it: a decode of more tokens costs more.
+    curve = {int(n): ms for n, ms in found["costs"]["verify_ms"].items()}
+    assert set(curve) >= {1, 8} and curve[8] > curve[1] > 0
+    assert found["costs"]["draft_ms_per_token"] > 0

@@ -64,7 +64,7 @@ def test_a_draft_model_as_costly_as_the_target_is_never_used() -> None:
 
 def test_collapsing_acceptance_turns_speculation_off_and_a_recovery_turns_it_back_on() -> None:
     ledger = Ledger(verify=curve(1.0, 0.2))
-    ledger.by_task[None] = {"ngram": seen(0.9), "model": Acceptance()}
+    ledger.by_task[None] = {"ngram@2": seen(0.9), "model": Acceptance()}
     acc = ledger.acceptance(None)["ngram"]
 
     def step() -> Option:
@@ -145,3 +145,21 @@ def test_an_unmeasured_draft_model_is_priced_by_a_prior_so_it_gets_tried() -> No
     assert ledger.inputs(None, has_model=False, match=0, max_k=8).draft_ms is None
     ledger.observe_draft(4, 20.0)
     assert ledger.inputs(None, has_model=True, match=0, max_k=8).draft_ms == 5.0
+
+
+def test_a_long_match_is_trusted_with_a_long_draft_and_a_short_one_is_not() -> None:
+    ledger = Ledger(verify=curve(1.0, 0.3))  # a CPU: every drafted token costs
+    ledger.by_task["code-edit"] = {"ngram@16": seen(0.95), "ngram@2": seen(0.3)}
+
+    def pick(match_len: int) -> tuple[Option, int]:
+        inp = ledger.inputs("code-edit", has_model=False, match=64, max_k=64, match_len=match_len)
+        c = choose(inp)
+        return c.option, c.k
+
+    long_option, long_k = pick(20)
+    assert long_option == "ngram" and long_k >= 6
+    assert pick(2)[0] == "none"  # 2-token matches are mostly wrong here
+    # An unmeasured bucket starts from its prior: longer matches are trusted more.
+    fresh = Ledger(verify=curve(1.0, 0.1))
+    rates = [fresh.acceptance(None, n)["ngram"].prior for n in (2, 5, 9, 17, 40)]
+    assert rates == sorted(rates) and rates[0] < 0.5 < rates[-1]

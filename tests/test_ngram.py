@@ -35,3 +35,11 @@ def test_index_grows_incrementally_and_reset_forgets() -> None:
     assert d.propose(history, 2, GREEDY, RNG).tokens == [3, 4]
     d.reset()
     assert d.propose([9, 9, 1, 2], 2, GREEDY, RNG).tokens == []
+
+
+def test_the_longest_agreement_wins_over_the_most_recent_place() -> None:
+    d = NgramDrafter(n_min=2, n_max=2)
+    # [3, 4] occurs twice: after [1, 2] (followed by 50) and after [8, 9] (followed by 60).
+    history = [1, 2, 3, 4, 50, 51, 8, 9, 3, 4, 60, 61, 0, 1, 2, 3, 4]
+    assert d.propose(history, 2, GREEDY, RNG).tokens == [50, 51]
+    assert d.match_len == 4  # 1, 2, 3, 4 agree; before them, the history starts

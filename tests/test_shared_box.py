@@ -186,3 +186,20 @@ def test_the_throttle_forgets_old_failures() -> None:
     assert t.retry_after("a", 10.0) == 50  # the oldest (t=0) ages out at 60
     assert t.retry_after("b", 10.0) == 0  # another address is not affected
     assert t.retry_after("a", 60.5) == 0
+
+
+def test_fewer_threads_show_in_the_reason_status_and_metrics(tmp_path: Path) -> None:
+    env = {"HOMESPEC_FAKE_OTHERS": "1.0", "HOMESPEC_FAKE_DECODE_S": "0.005"}
+    d = fake_daemon(tmp_path, env=env)
+    try:
+        body = {"messages": [{"role": "user", "content": "forever busy box "}], "max_tokens": 60}
+        stats = d.post(CHAT, body).json()["homespec"]
+        assert stats["threads"] == 1
+        assert "threads 1 of 2 (other processes use 1.0 of 2 cores)" in stats["reason"]
+        engine = d.get("/homespec/status").json()["pairs"][0]["engine"]
+        assert engine["threads"] == 1 and "1.0 of 2 cores" in engine["threads_reason"]
+        assert 'homespec_engine_threads{pair="smollm2"} 1.0' in d.get("/metrics").text
+        status = CliRunner().invoke(cli, ["status", "--url", d.url])
+        assert "threads: 1 (other processes use 1.0 of 2 cores)" in status.output
+    finally:
+        d.stop()

@@ -3,7 +3,7 @@ wiring into the generation loop (engine/neighbours.py), with synthetic measureme
 
 from __future__ import annotations
 
-from homespec.engine.neighbours import ThreadAdapter
+from homespec.engine.neighbours import CpuMeter, ThreadAdapter
 from homespec.engine.threads import (
     HOLD_S,
     RAISE_AFTER,
@@ -85,16 +85,43 @@ def test_the_adapter_applies_changes_and_reports_them() -> None:
     readings = iter([1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
 
     class Meter:
-        def start(self) -> None: ...
+        def resume(self) -> None: ...
+
+        def pause(self) -> None: ...
+
+        def active_s(self) -> float:
+            return 1.0
 
         def others(self) -> float | None:
             return next(readings)
 
     adapter = ThreadAdapter(2, applied.append, lambda n: 10.0, cores=2, meter=Meter())  # type: ignore[arg-type]
     for _ in range(6):
-        adapter._next = 1e-9  # every call is a new window (no waiting in a unit test)
         adapter.tick()
         if adapter.state.threads == 1:
             assert adapter.note == "threads 1 of 2 (other processes use 1.0 of 2 cores)"
     assert applied == [1, 2]
     assert adapter.note == ""
+
+
+def test_the_meter_counts_only_decoding_time() -> None:
+    """Busy CPU while the engine is idle (another server's turn in a benchmark) is not
+    contention: only the time between resume() and pause() is measured."""
+    clock = iter([0.0, 1.0, 2.0, 3.0, 3.0])  # resume 0, pause 1, resume 2, read 3 (and resume)
+    busy = iter([0.0, 0.2, 1.8, 2.0, 2.0])  # the machine's busy seconds
+    own = iter([0.0, 0.1, 0.1, 0.2, 0.2])  # ours
+
+    class Proc:
+        def cpu_times(self) -> object:
+            class T:
+                user, system = next(own), 0.0
+
+            return T()
+
+    meter = CpuMeter(proc=Proc())  # type: ignore[arg-type]
+    meter._read = lambda: (next(clock), next(busy), meter.proc.cpu_times().user)  # type: ignore[method-assign]
+    meter.resume()
+    meter.pause()
+    meter.resume()  # between pause and here the rest of the machine took 1.6 s: not counted
+    others = meter.others()
+    assert others is not None and abs(others - 0.1) < 1e-9  # (0.2 + 0.2 - 0.1 - 0.1) / 2 s

@@ -75,37 +75,64 @@ class ModelDrafter:
 
 
 class NgramDrafter:
+    """Prompt lookup with the longest match. The index maps each n-gram (n_min … n_max) to the
+    last few places it was followed; of those, the one whose preceding tokens agree with the
+    history's end for longest wins, and `match_len` says how long that agreement is (up to
+    MAX_MATCH). A long match predicts a long continuation: the governor keeps acceptance by
+    match length, so it drafts long after a 20-token match and short after a 2-token one.
+    The index grows incrementally with the history and is reset per generation."""
+
     kind = "ngram"
+    CANDIDATES = 4  # places kept per n-gram
+    MAX_MATCH = 32  # how far back a match is measured
 
     def __init__(self, *, n_min: int = 2, n_max: int = 4) -> None:
         self.n_min = n_min
         self.n_max = n_max
         self._seen = 0
-        # For each n: n-gram -> position of the token that followed its most recent occurrence.
-        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        # For each n: n-gram -> positions of the tokens that followed its last occurrences.
+        self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        self.match_len = 0  # of the last proposal (0: none)
         self.reset()
 
     def reset(self) -> None:
         """Called at the start of each generation: the history only grows until the next one."""
         self._seen = 0
         self._index = {n: {} for n in range(self.n_min, self.n_max + 1)}
+        self.match_len = 0
 
     def _update(self, history: list[int]) -> None:
         for pos in range(max(self._seen, 1), len(history)):
             for n, table in self._index.items():
                 if pos >= n:
-                    table[tuple(history[pos - n : pos])] = pos
+                    places = table.setdefault(tuple(history[pos - n : pos]), [])
+                    places.append(pos)
+                    if len(places) > self.CANDIDATES:
+                        del places[0]
         self._seen = len(history)
+
+    def _agreement(self, history: list[int], follow: int, n: int) -> int:
+        """How many tokens before `follow` equal the history's last ones (at least n)."""
+        end, length = len(history), n
+        while length < self.MAX_MATCH and follow - length > 0:
+            if history[follow - length - 1] != history[end - length - 1]:
+                break
+            length += 1
+        return length
 
     def propose(
         self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
         self._update(history)
+        self.match_len = 0
         for n in range(self.n_max, self.n_min - 1, -1):
             if len(history) <= n:
                 continue
-            follow = self._index[n].get(tuple(history[-n:]))
-            if follow is not None:
+            places = self._index[n].get(tuple(history[-n:]))
+            if places:
+                # Longest agreement first; among equals, the most recent place.
+                length, follow = max((self._agreement(history, f, n), f) for f in places)
+                self.match_len = length
                 return Proposal(history[follow : follow + k])
         return Proposal([])
 

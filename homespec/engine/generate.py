@@ -121,7 +121,12 @@ def _governed(
     match = rt.ngram.propose(history, k, params, rng).tokens
     lag = len(history) - _shared_prefix(rt.draft.ctx.tokens, history) if rt.draft else 0
     inputs = ledger.inputs(
-        task, has_model=rt.draft is not None, match=len(match), max_k=k, model_lag=lag
+        task,
+        has_model=rt.draft is not None,
+        match=len(match),
+        max_k=k,
+        model_lag=lag,
+        match_len=rt.ngram.match_len,
     )
     choice = choose(inputs)
     ledger.chose(choice.option)
@@ -199,6 +204,20 @@ def generate_steps(
     rt: PairRuntime, req: GenerationRequest
 ) -> Generator[list[Chunk] | GenerationStats, None, None]:
     """The same, one list of Chunks per target decode (what the engine child sends across)."""
+    adapter = rt.threads
+    if adapter is None:
+        yield from _steps(rt, req)
+        return
+    adapter.begin()
+    try:
+        yield from _steps(rt, req)
+    finally:  # finished, failed or cancelled (the consumer closed the generator)
+        adapter.end()
+
+
+def _steps(
+    rt: PairRuntime, req: GenerationRequest
+) -> Generator[list[Chunk] | GenerationStats, None, None]:
     t_start = time.perf_counter()
     decision = decide(
         rt.name,
@@ -250,8 +269,6 @@ def generate_steps(
         return Chunk(out, drafted) if out else None
 
     adapter = rt.threads
-    if adapter is not None:
-        adapter.tick()
     # Prompt: one pass (chunked by n_batch inside extend), logits for the last position only.
     first = pick(rt.target.extend(history, 1)[0], params, rng)
     stats.ttft_ms = (time.perf_counter() - t_start) * 1000.0
@@ -289,7 +306,8 @@ def generate_steps(
             stats.draft_steps += 1
             stats.proposed_tokens += len(drafts)
             if source in ("ngram", "model"):
-                ledger.acceptance(req.task)[source].record(len(drafts), n_kept)  # type: ignore[index]
+                table = ledger.acceptance(req.task, rt.ngram.match_len)
+                table[source].record(len(drafts), n_kept)  # type: ignore[index]
         emitted: list[Chunk] = []
         for i, token in enumerate([*drafts[:n_kept], following]):
             kept = i < n_kept

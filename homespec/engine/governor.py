@@ -40,6 +40,15 @@ EXPLORE_MAX_LAG = 8  # tokens a draft model may lag behind and still be explored
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
 DECAY = 0.99  # per recorded step: acceptance evidence ages
 DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a target token
+# N-gram acceptance is kept per match length: a proposal whose context agrees with the
+# history's end for 20 tokens is far likelier to be right than one found by a 2-gram. Each
+# bucket holds matches of at least that many tokens; its prior says so until measured.
+MATCH_BUCKETS = (2, 4, 8, 16, 32)
+MATCH_PRIORS = {2: 0.45, 4: 0.55, 8: 0.7, 16: 0.8, 32: 0.85}
+
+
+def match_bucket(match_len: int) -> int:
+    return max([b for b in MATCH_BUCKETS if b <= match_len], default=MATCH_BUCKETS[0])
 
 
 @dataclass
@@ -86,6 +95,7 @@ class Acceptance:
 
     tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
     kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+    prior: float = 0.6  # position 1's acceptance before anything was measured
 
     def record(self, proposed: int, accepted: int) -> None:
         for i in range(MAX_K):
@@ -171,7 +181,8 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
         limit, per_token, fixed = inp.max_k, inp.draft_ms, catch_up_ms(inp)
     if limit <= 0:
         return None
-    acc, prior = inp.acceptance[option], PRIOR[option]
+    acc = inp.acceptance[option]
+    prior = acc.prior
     best: Estimate | None = None
     previous = 1.0
     for k, tokens in zip(range(1, limit + 1), expected_by_length(acc, prior), strict=False):
@@ -251,7 +262,8 @@ class Ledger:
     quiet: CostCurve = field(default_factory=CostCurve)  # the calibration's, never updated
     draft_ms: float | None = None
     ngram_ms: float = 0.02
-    by_task: dict[str | None, dict[Option, Acceptance]] = field(default_factory=dict)
+    # by task: "model", and "ngram@B" for n-gram matches in bucket B (MATCH_BUCKETS)
+    by_task: dict[str | None, dict[str, Acceptance]] = field(default_factory=dict)
     steps: int = 0
     current: Option = "none"
     last_used: dict[Option, int] = field(default_factory=dict)
@@ -262,11 +274,16 @@ class Ledger:
         self.current = option
         self.last_used[option] = self.steps
 
-    def acceptance(self, task: str | None) -> dict[Option, Acceptance]:
-        found = self.by_task.get(task)
-        if found is None:
-            found = self.by_task[task] = {"ngram": Acceptance(), "model": Acceptance()}
-        return found
+    def acceptance(self, task: str | None, match_len: int = 0) -> dict[Option, Acceptance]:
+        """The task's acceptance for the draft model and for an n-gram match this long."""
+        table = self.by_task.setdefault(task, {})
+        bucket = match_bucket(match_len)
+        key = f"ngram@{bucket}"
+        if key not in table:
+            table[key] = Acceptance(prior=MATCH_PRIORS[bucket])
+        if "model" not in table:
+            table["model"] = Acceptance(prior=PRIOR["model"])
+        return {"ngram": table[key], "model": table["model"]}
 
     def observe_draft(self, tokens: int, ms: float) -> None:
         if tokens > 0:
@@ -274,7 +291,14 @@ class Ledger:
             self.draft_ms = per if self.draft_ms is None else 0.8 * self.draft_ms + 0.2 * per
 
     def inputs(
-        self, task: str | None, *, has_model: bool, match: int, max_k: int, model_lag: int = 0
+        self,
+        task: str | None,
+        *,
+        has_model: bool,
+        match: int,
+        max_k: int,
+        model_lag: int = 0,
+        match_len: int = 0,
     ) -> Inputs:
         draft_ms = self.draft_ms
         if has_model and draft_ms is None:  # not measured yet: a prior, until it drafts once
@@ -283,7 +307,7 @@ class Ledger:
             self.verify,
             draft_ms if has_model else None,
             self.ngram_ms,
-            self.acceptance(task),
+            self.acceptance(task, match_len),
             match,
             max_k,
             self.steps,

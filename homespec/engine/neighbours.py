@@ -1,11 +1,11 @@
 """The engine's side of thread adaptation: measure the neighbours, apply threads.py's choice.
 
-Once a second of decoding (never while idle), `ThreadAdapter.tick()` reads how much CPU the rest
-of the machine took (all CPU time but idle and iowait, hypervisor steal included, minus this
-process's own) and how slow recent decodes were against the pair's quiet cost at full threads,
-asks `threads.next_threads()`, and sets the new count on every llama.cpp context between two
-decodes. Each change is logged; the current count and its reason reach the response's
-`reason`, status and /metrics through `GenerationStats`.
+After each half second of decoding (idle time does not count), `ThreadAdapter.tick()` reads
+how much CPU the rest of the machine took meanwhile (all CPU time but idle and iowait,
+hypervisor steal included, minus this process's own) and how slow recent decodes were against
+the pair's quiet cost at full threads, asks `threads.next_threads()`, and sets the new count on
+every llama.cpp context between two decodes. Each change is logged; the current count and its
+reason reach the response's `reason`, status and /metrics through `GenerationStats`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import psutil
 from homespec.engine.threads import Sample, ThreadState, next_threads
 
 LOG = logging.getLogger("homespec.engine")
-WINDOW_S = 1.0
+WINDOW_S = 0.5  # seconds of decoding per measurement
 
 
 def physical_cores() -> int:
@@ -35,24 +35,43 @@ def _busy_s() -> float:
 
 @dataclass
 class CpuMeter:
-    """Cores' worth of CPU the other processes took since the last read."""
+    """Cores' worth of CPU the other processes took while this engine was decoding.
+
+    Only decoding time counts (`resume()` … `pause()` around each request): what a neighbour
+    does while the engine is idle cannot stall it, and a benchmark that alternates with another
+    server must not read that server's turn as contention."""
 
     proc: psutil.Process = field(default_factory=psutil.Process)
-    _last: tuple[float, float, float] | None = None
+    _base: tuple[float, float, float] | None = None
+    _acc: tuple[float, float, float] = (0.0, 0.0, 0.0)  # wall, busy, own seconds
 
     def _read(self) -> tuple[float, float, float]:
         own = self.proc.cpu_times()
         return time.monotonic(), _busy_s(), own.user + own.system
 
-    def start(self) -> None:
-        self._last = self._read()
+    def resume(self) -> None:
+        if self._base is None:
+            self._base = self._read()
+
+    def pause(self) -> None:
+        if self._base is not None:
+            now, base = self._read(), self._base
+            self._acc = tuple(a + n - b for a, n, b in zip(self._acc, now, base, strict=True))  # type: ignore[assignment]
+            self._base = None
+
+    def active_s(self) -> float:
+        base = self._base
+        return self._acc[0] + (time.monotonic() - base[0] if base is not None else 0.0)
 
     def others(self) -> float | None:
-        now = self._read()
-        last, self._last = self._last, now
-        if last is None or now[0] - last[0] <= 0:
-            return None
-        return max(0.0, ((now[1] - last[1]) - (now[2] - last[2])) / (now[0] - last[0]))
+        """Over the decoding time since the last call; None when there was none."""
+        running = self._base is not None
+        self.pause()
+        wall, busy, own = self._acc
+        self._acc = (0.0, 0.0, 0.0)
+        if running:
+            self.resume()
+        return max(0.0, (busy - own) / wall) if wall > 0 else None
 
 
 @dataclass
@@ -65,9 +84,9 @@ class ThreadAdapter:
     quiet_ms: Callable[[int], float | None]  # quiet cost of a decode of n tokens, full threads
     cores: int = field(default_factory=physical_cores)
     meter: CpuMeter = field(default_factory=CpuMeter)
+    window_s: float = WINDOW_S
     state: ThreadState = field(init=False)
     _ratios: list[float] = field(default_factory=list)
-    _next: float = 0.0
 
     def __post_init__(self) -> None:
         self.state = ThreadState(self.max_threads)
@@ -78,17 +97,20 @@ class ThreadAdapter:
             if quiet:
                 self._ratios.append(ms / quiet)
 
+    def begin(self) -> None:
+        """A request starts decoding: the meter runs."""
+        self.meter.resume()
+
+    def end(self) -> None:
+        """The request is over (or was cancelled): idle time is not measured."""
+        self.meter.pause()
+
     def tick(self) -> None:
+        """Before a step: after each window of decoding, measure and maybe change the count."""
+        if self.meter.active_s() < self.window_s:
+            return
         now = time.monotonic()
-        if now < self._next:
-            return
-        if self._next == 0.0:
-            self.meter.start()
-            self._next = now + WINDOW_S
-            return
-        # Back from idle, the window is the idle time: what the neighbours did meanwhile.
         others = self.meter.others()
-        self._next = now + WINDOW_S
         if others is None:
             return
         slow = statistics.median(self._ratios) if len(self._ratios) >= 3 else None

@@ -69,7 +69,9 @@ def next_threads(max_threads: int, state: ThreadState, s: Sample) -> ThreadState
             if s.now > state.hold_until + HOLD_MAX_S:
                 hold = (0.0, HOLD_S)  # quiet for long at full threads: forget past holds
             return ThreadState(cur, "", 0, *hold)
-        return ThreadState(cur, state.reason, 0, *hold)
+        # Still held down by the neighbours: say how busy they are now.
+        reason = busy if state.reason.startswith("other processes") else state.reason
+        return ThreadState(cur, reason, 0, *hold)
     calm = state.calm + 1
     if calm < RAISE_AFTER or s.now < state.hold_until:
         return ThreadState(cur, state.reason, calm, *hold)
