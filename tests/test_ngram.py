@@ -43,3 +43,12 @@ def test_the_longest_agreement_wins_over_the_most_recent_place() -> None:
     history = [1, 2, 3, 4, 50, 51, 8, 9, 3, 4, 60, 61, 0, 1, 2, 3, 4]
     assert d.propose(history, 2, GREEDY, RNG).tokens == [50, 51]
     assert d.match_len == 4  # 1, 2, 3, 4 agree; before them, the history starts
+
+
+def test_a_repeating_answer_is_proposed_past_the_present() -> None:
+    d = NgramDrafter(n_min=2, n_max=3)
+    loop = [7, 8, 9, 10]
+    history = [1, 2, *loop, *loop, *loop]
+    # The last period's continuation ends at the present; the lookup goes on around the loop.
+    assert d.propose(history, 10, GREEDY, RNG).tokens == [*loop, *loop, 7, 8]
+    assert d.match_len >= 8

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -203,3 +204,48 @@ def test_fewer_threads_show_in_the_reason_status_and_metrics(tmp_path: Path) -> 
         assert "threads: 1 (other processes use 1.0 of 2 cores)" in status.output
     finally:
         d.stop()
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    env = {"HOMESPEC_API_KEY": "s3cret", "HOMESPEC_FAKE_DECODE_S": "0.01"}
+    d = fake_daemon(tmp_path_factory.mktemp("keyed"), env=env)
+    yield d
+    d.stop()
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
+@pytest.mark.parametrize("with_key", [True, False], ids=["key", "no-key"])
+def test_a_client_that_leaves_stops_its_generation(
+    daemon: Daemon, keyed: Daemon, stream: bool, with_key: bool
+) -> None:
+    d = keyed if with_key else daemon
+    headers = {"Authorization": "Bearer s3cret"} if with_key else {}
+    body = {
+        "messages": [{"role": "user", "content": "forever a client that gives up. "}],
+        "max_tokens": 2000,
+        "speculative": False,
+        "stream": stream,
+    }
+    before = len(log_lines(d))
+    if stream:
+        with httpx.stream("POST", d.url + CHAT, json=body, headers=headers, timeout=30) as r:
+            for n, _ in enumerate(r.iter_lines()):
+                if n >= 10:
+                    break  # leave mid-stream
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(d.url + CHAT, json=body, headers=headers, timeout=httpx.Timeout(5, read=0.5))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(log_lines(d)) == before:
+        time.sleep(0.05)
+    record = log_lines(d)[-1]
+    assert record["outcome"] == "cancelled", record
+    made = record["completion_tokens"]
+    assert isinstance(made, int) and 0 < made < 2000, record
+    assert f"after {made} tokens" in str(record["error"])
+    # The slot is free at once: the retry is served, not queued behind the abandoned answer.
+    status = d.get("/homespec/status", headers=headers).json()
+    assert all(p["queue_depth"] == 0 for p in status["pairs"])
+    retry = {**body, "max_tokens": 8, "stream": False}
+    assert httpx.post(d.url + CHAT, json=retry, headers=headers, timeout=10).status_code == 200

@@ -125,3 +125,16 @@ def test_the_meter_counts_only_decoding_time() -> None:
     meter.resume()  # between pause and here the rest of the machine took 1.6 s: not counted
     others = meter.others()
     assert others is not None and abs(others - 0.1) < 1e-9  # (0.2 + 0.2 - 0.1 - 0.1) / 2 s
+
+
+def test_a_neighbours_share_alone_does_not_decide_the_decodes_do() -> None:
+    # Idle servers whose threads spin now and then: a third of a core, decodes at quiet speed.
+    assert run(2, [Sample(float(t), 2, 0.35, 1.1) for t in range(10)]) == [2] * 10
+    # A CPU-bound process squeezed to 0.4 of a core by our own threads, decodes 2.5× slower.
+    state = next_threads(2, ThreadState(2), Sample(0.0, 2, 0.4, 2.5))
+    assert state.threads == 1
+    assert state.reason == (
+        "decodes 2.5× slower than quiet at 2 threads, other processes use 0.4 of 2 cores"
+    )
+    # Slow decodes without a neighbour in sight (a long context, say): not below SLOW.
+    assert run(2, [Sample(float(t), 2, 0.0, 2.5) for t in range(10)]) == [2] * 10

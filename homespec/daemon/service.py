@@ -161,6 +161,8 @@ class Daemon:
             "signal": outcome.signal or None,
             "notes": notes or None,
         }
+        if outcome.status == "cancelled":
+            rec["completion_tokens"] = outcome.sent  # what the client got before it left
         if s is not None:
             d = s.to_dict()
             for key in (

@@ -83,6 +83,7 @@ class Outcome:
     status: str  # ok | cancelled | error | engine_crashed
     error: str = ""
     signal: str = ""  # engine_crashed: the signal that ended the engine
+    sent: int = 0  # answer tokens the client was sent before it left
 
 
 def raise_failure(f: Failure) -> None:
@@ -374,6 +375,7 @@ class PairWorker:
         recorded once, before the consumer sees the end: a response is logged first."""
         outcome = Outcome(None, "cancelled", "client disconnected")
         finished = False
+        sent = 0
         try:
             async with self._turn:
                 engine = self._engine
@@ -389,6 +391,7 @@ class PairWorker:
                         msg = await inbox.get()
                         if isinstance(msg, Steps):
                             for chunk in msg.chunks:
+                                sent += 1
                                 yield chunk
                             continue
                         finished = True
@@ -408,6 +411,9 @@ class PairWorker:
                     self._streams.pop(rid, None)
                     if not finished and self._engine is engine and engine is not None:
                         engine.send(Cancel(rid))  # the consumer left: stop at the next step
+                    if outcome.status == "cancelled":
+                        why = f"client disconnected after {sent} tokens"
+                        outcome = Outcome(None, "cancelled", why, sent=sent)
         except EngineCrashed as exc:
             if outcome.status != "engine_crashed":
                 outcome = Outcome(None, "error", str(exc))

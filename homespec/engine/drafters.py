@@ -125,16 +125,35 @@ class NgramDrafter:
     ) -> Proposal:
         self._update(history)
         self.match_len = 0
+        found = self._lookup(history, history)
+        if found is None:
+            return Proposal([])
+        self.match_len, follow = found
+        out = history[follow : follow + k]
+        # A continuation that runs into the present (a repeating answer: the match is the
+        # last period) goes on by looking up its own end again, as llama.cpp's ngram-mod
+        # chains its table: a loop of any period is proposed k tokens at a time.
+        while 0 < len(out) < k and follow + len(out) >= len(history):
+            tail = (history[-self.n_max :] + out)[-self.n_max :]
+            again = self._lookup(tail, history)
+            if again is None:
+                break
+            follow = again[1]
+            out += history[follow : follow + k - len(out)]
+        return Proposal(out)
+
+    def _lookup(self, context: list[int], history: list[int]) -> tuple[int, int] | None:
+        """(agreement length, follow position) for the end of `context`, longest n first."""
         for n in range(self.n_max, self.n_min - 1, -1):
-            if len(history) <= n:
+            if len(context) < n:
                 continue
-            places = self._index[n].get(tuple(history[-n:]))
+            places = self._index[n].get(tuple(context[-n:]))
             if places:
+                if context is not history:
+                    return n, places[-1]
                 # Longest agreement first; among equals, the most recent place.
-                length, follow = max((self._agreement(history, f, n), f) for f in places)
-                self.match_len = length
-                return Proposal(history[follow : follow + k])
-        return Proposal([])
+                return max((self._agreement(history, f, n), f) for f in places)
+        return None
 
 
 class HybridDrafter:

@@ -266,7 +266,7 @@ def _steps(
         elif stats.completion_tokens >= max_new:
             done = True
             out += text.flush()
-        return Chunk(out, drafted) if out else None
+        return Chunk(out, drafted)  # one per token, text or not: the daemon counts them
 
     adapter = rt.threads
     # Prompt: one pass (chunked by n_batch inside extend), logits for the last position only.

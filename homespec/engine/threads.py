@@ -7,22 +7,28 @@ a 2-thread decode on 2 cores, answers ran 100× slower; with 1 thread, at full s
 engine runs as many threads as there are cores its neighbours leave free, and no more:
 
     free cores = cores - CPU the other processes (and the hypervisor's steal) took lately
-    threads    = one per core at least 0.7 free, within 1 … the pair's threads
+    threads    = one per core at least half free, within 1 … the pair's threads
 
 It drops at once (a stall costs far more than a thread) and goes back up only after RAISE_AFTER
-calm samples in a row (hysteresis, so a neighbour's short burst does not make it flap). A second
-signal catches what the neighbour count cannot see (a cgroup quota, a noisy host): decodes far
-slower than the pair's quiet cost at full threads drop one thread, and that thread comes back
-only after a hold that doubles each time it proved wrong.
+calm samples in a row (hysteresis, so a neighbour's short burst does not make it flap).
+
+The neighbours' share alone is ambiguous: beside a 2-thread decode, a CPU-bound process gets
+only ~0.4 of a core (the decode's threads take the rest, and stall), while idle servers whose
+threads spin briefly show ~0.3 and cost nothing. So the second signal decides: decodes at full
+threads SLOW times their quiet cost (or CONTENDED times, with a neighbour measurably there)
+drop one thread, which comes back only after a hold that doubles each time it proved wrong.
+That also catches what the neighbour count cannot see (a cgroup quota, a noisy host).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-FREE_SHARE = 0.7  # a thread needs this much of a free core to be worth its barrier waits
+FREE_SHARE = 0.5  # a core at least this free counts for a thread
 RAISE_AFTER = 3  # calm samples in a row before one more thread
 SLOW = 4.0  # decodes this many times their quiet cost at full threads: something is stalling
+CONTENDED = 2.0  # … or this many times, while the neighbours take at least NOTICEABLE cores
+NOTICEABLE = 0.2
 HOLD_S = 10.0  # after a slowdown drop, how long before the thread may come back (doubles)
 HOLD_MAX_S = 300.0
 
@@ -59,8 +65,13 @@ def next_threads(max_threads: int, state: ThreadState, s: Sample) -> ThreadState
     busy = f"other processes use {s.others:.1f} of {s.cores} cores"
     cur = state.threads
     hold = (state.hold_until, state.hold_s)
-    if s.slowdown is not None and s.slowdown >= SLOW and cur == max_threads and cur > 1:
+    slow = s.slowdown is not None and (
+        s.slowdown >= SLOW or (s.slowdown >= CONTENDED and s.others >= NOTICEABLE)
+    )
+    if slow and cur == max_threads and cur > 1:
         why = f"decodes {s.slowdown:.1f}× slower than quiet at {cur} threads"
+        if s.others >= NOTICEABLE:
+            why += f", other processes use {s.others:.1f} of {s.cores} cores"
         return ThreadState(cur - 1, why, 0, s.now + state.hold_s, min(HOLD_MAX_S, 2 * state.hold_s))
     if want < cur:
         return ThreadState(want, busy, 0, *hold)
