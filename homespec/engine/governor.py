@@ -44,7 +44,7 @@ DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a targe
 # history's end for 20 tokens is far likelier to be right than one found by a 2-gram. Each
 # bucket holds matches of at least that many tokens; its prior says so until measured.
 MATCH_BUCKETS = (2, 4, 8, 16, 32)
-MATCH_PRIORS = {2: 0.45, 4: 0.55, 8: 0.7, 16: 0.8, 32: 0.85}
+MATCH_PRIORS = {2: 0.6, 4: 0.65, 8: 0.75, 16: 0.85, 32: 0.9}  # optimistic: tried, then learned
 
 
 def match_bucket(match_len: int) -> int:
