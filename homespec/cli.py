@@ -294,7 +294,8 @@ def doctor(
     says so. The verdict is remembered per machine and llama.cpp build.
 
     Exit code: 0 every pair runs as declared, 1 one runs degraded (e.g. draft dropped), 2 one
-    cannot run.
+    cannot run. A pair never set up gets one line and counts only when it is the default
+    pair, one `[server] pairs` serves, or one named with --pair.
     """
     load_llama_first()
     from homespec import doctor as doc
@@ -307,7 +308,8 @@ def doctor(
     for name in names:
         manifest.pair(name)  # an unknown --pair is an error before any probing
     machine = machine_budgets(manifest, probe())
-    reports = [doc.check_pair(manifest, name, machine) for name in names]
+    required = doc.required_pairs(manifest, list(pairs))
+    reports = [doc.check_pair(manifest, n, machine, required=n in required) for n in names]
     if not plan_only:
         for r in reports:
             doc.canary(manifest, r)

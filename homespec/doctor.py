@@ -61,6 +61,10 @@ class PairReport:
     plan: PairPlan | None = None
     measured: list[dict[str, Any]] = field(default_factory=list)
     costs: dict[str, Any] = field(default_factory=dict)  # calibrated (doctor --measure)
+    # Declared but never set up (`homespec setup` gets its files); `required`: the default
+    # pair, one the daemon serves, or one named with --pair, whose absence is an error.
+    not_set_up: bool = False
+    required: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +76,7 @@ class PairReport:
             "plan": self.plan.to_dict() if self.plan else None,
             "measured": self.measured,
             "costs": self.costs or None,
+            "not_set_up": self.not_set_up,
         }
 
 
@@ -94,8 +99,15 @@ def _check_models(manifest: Manifest, report: PairReport) -> None:
         report.compatibility = compatibility_problems(infos["target"], infos["draft"])
 
 
-def check_pair(manifest: Manifest, name: str, machine: Machine) -> PairReport:
-    report = PairReport(name)
+def check_pair(
+    manifest: Manifest, name: str, machine: Machine, *, required: bool = True
+) -> PairReport:
+    report = PairReport(name, required=required)
+    if manifest.not_set_up(name):
+        report.not_set_up = True
+        report.status = BROKEN if required else OK
+        report.error = f"not set up — homespec setup --pair {name}"
+        return report
     _check_models(manifest, report)
     try:
         files = inspect_pair(manifest, name)
@@ -167,7 +179,16 @@ def machine_dict(m: Machine) -> dict[str, Any]:
 
 
 def exit_code(reports: list[PairReport]) -> int:
-    return max((r.status for r in reports), default=OK)
+    """An optional pair that was never set up is not a failure."""
+    return max((r.status for r in reports if r.required or not r.not_set_up), default=OK)
+
+
+def required_pairs(manifest: Manifest, named: list[str]) -> set[str]:
+    """Pairs whose trouble sets doctor's exit code: those named with --pair, else the default
+    pair and the ones the daemon serves."""
+    if named:
+        return set(named)
+    return {manifest.default_pair, *manifest.spec.server.pairs}
 
 
 # --- text ----------------------------------------------------------------------------------------
@@ -237,6 +258,9 @@ def render_plan_table(p: PairPlan) -> list[str]:
 
 
 def render_pair(r: PairReport) -> list[str]:
+    if r.not_set_up:
+        needed = "" if not r.required else " (needed: default pair, served, or named)"
+        return [f"pair {r.name}: {r.error}{needed}"]
     lines = [f"pair {r.name}: {STATUS[r.status]}"]
     lines += [_model_line(role, facts) for role, facts in r.models.items()]
     if "draft" in r.models:

@@ -288,6 +288,20 @@ class Manifest:
             return None
         return Path(next(iter(found.submodule_search_locations))) / spec.file
 
+    def not_set_up(self, pair: str) -> bool:
+        """True when some of the pair's model files are missing and `homespec setup` can get
+        every missing one (a pair declared but never set up, not a broken one)."""
+        spec = self.spec.pairs[pair]
+        models = [spec.target] + ([spec.draft] if spec.draft in self.spec.models else [])
+        missing = [
+            m for m in models if not ((path := self.model_path(m)) is not None and path.is_file())
+        ]
+        gettable = all(
+            self.spec.models[m].derive or self.spec.models[m].pip or self.spec.models[m].assemble
+            for m in missing
+        )
+        return bool(missing) and gettable
+
     def require_model_file(self, model: str, pair: str) -> Path:
         path = self.model_path(model)
         if path is not None and path.is_file():

@@ -163,3 +163,35 @@ def test_prediction_within_15_percent_of_measured_memory(demo_manifest: Manifest
     curve = {int(n): ms for n, ms in found["costs"]["verify_ms"].items()}
     assert set(curve) >= {1, 8} and curve[8] > curve[1] > 0
     assert found["costs"]["draft_ms_per_token"] > 0
+
+
+def test_a_pair_never_set_up_is_one_line_not_a_failure(
+    demo_manifest: Manifest, tmp_path: Path
+) -> None:
+    """Right after the quick start an optional pair has no files yet: one line, exit 0, unless
+    it is asked for (--pair), the default pair, or one the daemon serves."""
+    target = demo_manifest.model_path("smollm2-135m-f32")
+    draft = demo_manifest.model_path("smollm2-135m-q4_1")
+    config = tmp_path / "models.toml"
+    config.write_text(
+        'default_pair = "p"\n'
+        f'[models.t]\npath = "{target}"\n[models.d]\npath = "{draft}"\n'
+        '[models.later]\npath = "models/later.gguf"\nderive = { from = "d", type = "F32" }\n'
+        '[pairs.p]\ntarget = "t"\ndraft = "d"\n'
+        '[pairs.later]\ntarget = "later"\ndraft = "ngram"\n'
+    )
+    code, out, _ = invoke("doctor", "--config", str(config))
+    assert code == 0, out
+    assert [line for line in out.splitlines() if "later" in line] == [
+        "pair later: not set up — homespec setup --pair later"
+    ]
+    assert "pair p: ok" in out
+    code, out, _ = invoke("doctor", "--config", str(config), "--pair", "later")
+    assert code == 2, out
+    assert "pair later: not set up — homespec setup --pair later" in out
+    # Served by the daemon: its absence is an error again.
+    text = config.read_text() + '[server]\npairs = ["p", "later"]\n'
+
+    config.write_text(text)
+    code, out, _ = invoke("doctor", "--config", str(config))
+    assert code == 2, out
