@@ -9,6 +9,7 @@ another run or machine.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,9 @@ from homespec.workload import WorkItem
 
 PLAIN: BenchMode = "plain"
 AUTO: BenchMode = "auto"  # what the manifest's policy picks per task (speculation may be off)
+# With --against, a pause before each run: llama.cpp's CPU threads (homespec's and the other
+# server's) spin for a while after a decode, and that must not slow whichever runs next.
+SETTLE_S = 0.5
 Progress = Callable[[str], None]
 
 
@@ -162,6 +166,8 @@ def run_bench(
         for idx, item in enumerate(items):
             shift = (idx + rep) % len(names)
             for mode in names[shift:] + names[:shift]:
+                if by_label:
+                    time.sleep(SETTLE_S)
                 if mode in by_label:
                     assert client is not None
                     text, stats = run_remote(
