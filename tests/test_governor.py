@@ -125,14 +125,28 @@ def test_a_draft_model_that_must_first_catch_up_on_a_long_stretch_is_priced_so()
 
 def test_drafts_grow_past_what_was_tried_when_every_tried_position_is_kept() -> None:
     """Only 6-token drafts were ever tried (a forced drafter), all kept: on a flat curve the
-    governor stretches to longer drafts, not stopping at the prior's 0.5."""
+    governor stretches a few untried positions at a time, and as those are kept too, further:
+    long drafts within a handful of steps, never a jump straight to 64 on no evidence."""
     acc = Acceptance()
     for _ in range(200):
         acc.record(6, 6)
-    inp = Inputs(
-        curve(1.0, 0.01), None, 0.01, {"ngram": acc, "model": Acceptance()}, 64, 64, 1, "ngram"
-    )
-    assert choose(inp).k > 12
+    ks = []
+    for step in range(16):
+        inp = Inputs(
+            curve(1.0, 0.01),
+            None,
+            0.01,
+            {"ngram": acc, "model": Acceptance()},
+            64,
+            64,
+            step,
+            "ngram",
+        )
+        k = choose(inp).k
+        ks.append(k)
+        acc.record(k, k)  # every drafted token kept
+    assert 6 < ks[0] < 32  # beyond what was tried, not to the end on faith
+    assert ks == sorted(ks) and ks[-1] > 24, ks
 
 
 def test_an_unmeasured_draft_model_is_priced_by_a_prior_so_it_gets_tried() -> None:
