@@ -72,14 +72,15 @@ start llama-plain
 start llama-draft -md "$DRAFT" -ngld "$GPU_LAYERS"
 start llama-ngram-mod --spec-type ngram-mod
 start llama-ngram-simple --spec-type ngram-simple
+up() { "$PY" -c 'import sys, httpx; sys.exit(httpx.get(sys.argv[1] + "/health").status_code != 200)' "$1" 2>/dev/null; }
 for a in "${AGAINST[@]}"; do
   case $a in --against) continue ;; esac
   url=${a#*=}
   for _ in $(seq 120); do
-    curl -sf "$url/health" >/dev/null && break
+    up "$url" && break
     sleep 1
   done
-  curl -sf "$url/health" >/dev/null || die "llama-server at $url did not start: see $LOGDIR"
+  up "$url" || die "llama-server at $url did not start: see $LOGDIR"
 done
 say "servers up (logs in $LOGDIR); benching"
 "$PY" -m homespec bench --threads "$THREADS" --modes plain,auto "${AGAINST[@]}" "$@"
