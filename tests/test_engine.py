@@ -11,6 +11,7 @@ from scipy.stats import chi2
 
 from homespec.engine.drafters import Proposal
 from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.governor import CostCurve, Ledger
 from homespec.engine.loader import LoadedPair
 from homespec.engine.sampling import SamplingParams, distribution
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message
@@ -56,6 +57,11 @@ class RecordingDrafter:
     def match_len(self) -> int:
         """An n-gram drafter's last match length (the governor keeps acceptance by it)."""
         return int(getattr(self.inner, "match_len", 0))
+
+    @property
+    def ctx(self) -> object:
+        """A draft model's context (the governor reads what it holds)."""
+        return self.inner.ctx  # type: ignore[attr-defined]
 
     def reset(self) -> None:
         self.inner.reset()  # type: ignore[attr-defined]
@@ -177,14 +183,20 @@ class FixedDrafter:
 
 
 def _first_two_tokens(
-    rt: PairRuntime, prompt: str, drafter: object, n: int
+    rt: PairRuntime, prompt: str, drafter: object, n: int, *, governed: bool = False
 ) -> list[tuple[int, int]]:
-    """(first, second) generated tokens over n seeds; the second comes from a verify step."""
+    """(first, second) generated tokens over n seeds; the second comes from a verify step.
+    `governed`: the governor chooses (the drafter is the draft model), not a forced drafter."""
     rec = RecordingDrafter(drafter)
-    rt2 = replace(rt, draft=rec, ngram=rec)  # type: ignore[arg-type]
+    if governed:
+        rt2 = replace(rt, draft=rec, ledger=_ledger_that_drafts(rt))  # type: ignore[arg-type]
+    else:
+        rt2 = replace(rt, draft=rec, ngram=rec)  # type: ignore[arg-type]
     pairs = []
     for seed in range(n):
         rec.calls.clear()
+        if governed:  # the same measurements before every sample: each run starts alike
+            rt2.ledger = _ledger_that_drafts(rt)
         # max_tokens 3: the first token comes from the prompt pass, the second from the first
         # verify step (one draft token, accepted or resampled).
         run(
@@ -194,7 +206,7 @@ def _first_two_tokens(
             temperature=1.0,
             seed=seed,
             speculative=True,
-            drafter=rec.kind,
+            drafter=None if governed else rec.kind,
             draft_tokens=1,
         )
         start, drafts = rec.calls[0]
@@ -203,7 +215,18 @@ def _first_two_tokens(
     return pairs
 
 
-@pytest.mark.parametrize("drafter", ["model", "deterministic"])
+def _ledger_that_drafts(rt: PairRuntime) -> Ledger:
+    """Measurements under which the governor picks the draft model: a flat verify curve, a
+    cheap draft token, drafts nearly always kept. What it picks must not bend the output."""
+    ledger = Ledger(verify=CostCurve({1: 10.0, 2: 10.5, 4: 11.0, 8: 12.0}))
+    ledger.draft_ms = 1.0
+    table = ledger.acceptance(None)
+    for _ in range(50):
+        table["model"].record(1, 1)
+    return ledger
+
+
+@pytest.mark.parametrize("drafter", ["model", "deterministic", "governor"])
 def test_temperature_1_speculative_sampling_matches_target_distribution(
     demo_pair: LoadedPair, drafter: str
 ) -> None:
@@ -215,13 +238,13 @@ def test_temperature_1_speculative_sampling_matches_target_distribution(
     rt = demo_pair.runtime
     prompt = "Roll a die. Result: "  # first token '1' about half the time, then a spread
     base = rt.target.model.tokenize(prompt, special=True)
-    if drafter == "model":
+    if drafter in ("model", "governor"):
         source: object = rt.draft
     else:  # propose the target's 3rd most likely second token: accepted now and then
         p = distribution(rt.target.extend(base, 1)[0], SamplingParams(temperature=1.0))
         p2 = rt.target.extend([*base, int(np.argmax(p))], 1)[0]
         source = FixedDrafter(int(np.argsort(-p2)[2]))
-    pairs = _first_two_tokens(rt, prompt, source, 400)
+    pairs = _first_two_tokens(rt, prompt, source, 400, governed=drafter == "governor")
     total_stat, total_dof, used = 0.0, 0, 0
     for first, n in Counter(a for a, _ in pairs).items():
         if n < 40:
