@@ -306,7 +306,7 @@ def bench_pair(
     has_draft = spec.draft not in (NGRAM, NO_DRAFT)
     chosen = choose_modes(modes, has_draft=has_draft, pair=name)
     remotes = remotes or []
-    clash = [r.label for r in remotes if r.label in (*chosen, *available_modes(True), AUTO)]
+    clash = [r.label for r in remotes if r.label in (*available_modes(True), AUTO)]
     if clash or len({r.label for r in remotes}) < len(remotes):
         raise ConfigError(
             f"--against: label {', '.join(clash) or 'used twice'} clashes with another column",

@@ -48,19 +48,17 @@ def _bad_text(value: Any, where: str) -> str | None:
             return f"{where} holds a NUL character (\\u0000)"
         if any("\ud800" <= c <= "\udfff" for c in value):
             return f"{where} holds a lone UTF-16 surrogate, which is not text"
-        return None
-    if isinstance(value, dict):
-        items = value.items()
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            found = _bad_text(str(key), path) or _bad_text(item, path)
+            if found:
+                return found
     elif isinstance(value, list):
-        items = ((f"[{i}]", v) for i, v in enumerate(value))  # type: ignore[assignment]
-    else:
-        return None
-    for key, item in items:
-        path = f"{where}{key}" if str(key).startswith("[") else f"{where}.{key}".lstrip(".")
-        found = _bad_text(str(key), path) if not str(key).startswith("[") else None
-        found = found or _bad_text(item, path)
-        if found:
-            return found
+        for i, item in enumerate(value):
+            found = _bad_text(item, f"{where}[{i}]")
+            if found:
+                return found
     return None
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from homespec.engine.neighbours import physical_cores
 from homespec.errors import HomespecError
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Then it runs back to the forest."
@@ -35,7 +36,7 @@ def run(path: Path, gpu_layers: int, repack: bool) -> dict[str, float]:
         model,
         n_ctx=128,
         n_batch=32,
-        threads=backend.default_threads(),
+        threads=physical_cores(),
         flash_attn=None if gpu_layers else False,
         n_outputs_max=8,
     )

@@ -32,7 +32,7 @@ from typing import Literal
 
 Option = Literal["none", "ngram", "model"]
 MAX_K = 64
-PRIOR = {"ngram": 0.6, "model": 0.6}  # acceptance before anything was measured
+PRIOR = 0.6  # draft-model acceptance before anything was measured (n-grams: MATCH_PRIORS)
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior
 EXPLORE_EVERY = 32  # steps after an option's last use before it is re-tried
 EXPLORE_K = 3
@@ -96,7 +96,7 @@ class Acceptance:
 
     tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
     kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
-    prior: float = 0.6  # position 1's acceptance before anything was measured
+    prior: float = PRIOR  # position 1's acceptance before anything was measured
 
     def record(self, proposed: int, accepted: int) -> None:
         for i in range(MAX_K):
@@ -285,7 +285,7 @@ class Ledger:
         if key not in table:
             table[key] = Acceptance(prior=MATCH_PRIORS[bucket])
         if "model" not in table:
-            table["model"] = Acceptance(prior=PRIOR["model"])
+            table["model"] = Acceptance()
         return {"ngram": table[key], "model": table["model"]}
 
     def observe_draft(self, tokens: int, ms: float) -> None:

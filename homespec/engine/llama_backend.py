@@ -52,12 +52,6 @@ def init_backend() -> None:
     lc.llama_backend_init()
 
 
-def default_threads() -> int:
-    import psutil
-
-    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
-
-
 def system_info() -> str:
     init_backend()
     return bytes(lc.llama_print_system_info()).decode("utf-8", "replace").strip()

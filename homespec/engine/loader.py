@@ -22,11 +22,10 @@ from homespec.engine.generate import PairRuntime
 from homespec.engine.llama_backend import (
     LlamaContext,
     LlamaModel,
-    default_threads,
     supports_gpu_offload,
     system_info,
 )
-from homespec.engine.neighbours import ThreadAdapter
+from homespec.engine.neighbours import ThreadAdapter, physical_cores
 from homespec.errors import OutOfMemoryError
 from homespec.manifest import Manifest, PairSpec
 from homespec.pairs import PairFiles, inspect_pair, plan
@@ -187,7 +186,7 @@ def _load_model(
         model,
         n_ctx=a.n_ctx,
         n_batch=min(N_BATCH, a.n_ctx),
-        threads=pair.threads or default_threads(),
+        threads=pair.threads or physical_cores(),
         flash_attn=flash_attention(pair, on_gpu=a.gpu is not None and a.target_gpu_layers > 0),
         n_outputs_max=a.n_outputs if role == "target" else 1,
         crash_site=site,
@@ -286,7 +285,7 @@ def load_pair(
         )
         if pair.adapt_threads:
             runtime.threads = ThreadAdapter(
-                max_threads=pair.threads or default_threads(),
+                max_threads=pair.threads or physical_cores(),
                 apply=held.set_threads,
                 quiet_ms=runtime.ledger.quiet.at,
             )
