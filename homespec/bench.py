@@ -4,6 +4,12 @@ Same prompts, same settings, one loaded pair: plain decoding and each speculativ
 interleaved per prompt (the order rotates so no mode always runs on a warmer cache), after a
 warm-up. Speedups are ratios of medians measured in this one run, never compared to numbers from
 another run or machine.
+
+Every run starts where a server that just answered some other chat would be: its caches hold
+another conversation (so a run reuses the chat template's opening, as a daemon or llama-server
+does, but nothing of its own prompt), and the n-gram memory holds the workload's earlier
+prompts and answers, never the prompt at hand (it learns each prompt once, from the last of its
+runs, and starts empty at each repeat).
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from typing import Any
 
 import httpx
 
-from homespec.bench_remote import Remote, run_remote, warm_up
+from homespec.bench_remote import WARM_UP, Remote, run_remote, warm_up
+from homespec.engine.chat_text import chat_tokens
 from homespec.engine.generate import PairRuntime, calibrate, generate
-from homespec.engine.types import GenerationRequest, GenerationStats
+from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.errors import ConfigError
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
 from homespec.planner import PairPlan
@@ -108,7 +115,7 @@ def choose_modes(requested: str | None, *, has_draft: bool, pair: str) -> list[s
 
 
 def _request(
-    item: WorkItem, mode: str, temperature: float, max_tokens: int | None
+    item: WorkItem, mode: str, temperature: float, max_tokens: int | None, *, remember: bool
 ) -> GenerationRequest:
     return GenerationRequest(
         messages=item.messages,
@@ -120,13 +127,24 @@ def _request(
         # to the policy for "auto".
         speculative=None if mode == AUTO else mode != PLAIN,
         drafter=None if mode in (PLAIN, AUTO) else mode,  # type: ignore[arg-type]
+        remember=remember,
     )
 
 
-def _run_one(rt: PairRuntime, req: GenerationRequest) -> tuple[str, GenerationStats]:
-    # Cold caches for every run: otherwise whichever mode runs a prompt first pays its prompt
-    # evaluation and the others reuse the cached prefix.
+def _another_chat(rt: PairRuntime) -> None:
+    """Leave the caches holding some other conversation: otherwise whichever mode runs a
+    prompt first pays its prompt evaluation and the others reuse it all; with nothing cached
+    every run would pay for the template's opening, which a serving daemon does not."""
     rt.clear_caches()
+    talk = [Message(m["role"], m["content"]) for m in WARM_UP]
+    other = chat_tokens(rt.target.model, talk, allow_special=rt.spec.allow_special_tokens)
+    rt.target.extend(other, 1)
+    if rt.draft is not None:
+        rt.draft.ctx.extend(other, 1)
+
+
+def _run_one(rt: PairRuntime, req: GenerationRequest) -> tuple[str, GenerationStats]:
+    _another_chat(rt)
     parts: list[str] = []
     stats: GenerationStats | None = None
     for out in generate(rt, req):
@@ -154,7 +172,7 @@ def run_bench(
     by_label = {r.label: r for r in remotes or []}
     # Warm-up: touch every mode once so page faults and first-graph costs hit no measured run.
     for mode in modes:
-        _run_one(rt, _request(items[0], mode, temperature, 16))
+        _run_one(rt, _request(items[0], mode, temperature, 16, remember=False))
     if by_label:
         assert client is not None
         for remote in by_label.values():
@@ -162,10 +180,15 @@ def run_bench(
     names = [*modes, *by_label]
     runs: list[Run] = []
     total = len(items) * repeat * len(names)
+    memory = rt.ngram.memory
     for rep in range(repeat):
+        if memory is not None:
+            memory.clear()
         for idx, item in enumerate(items):
             shift = (idx + rep) % len(names)
-            for mode in names[shift:] + names[:shift]:
+            order = names[shift:] + names[:shift]
+            learns = [m for m in order if m not in by_label][-1]
+            for mode in order:
                 if by_label:
                     time.sleep(SETTLE_S)
                 if mode in by_label:
@@ -178,7 +201,8 @@ def run_bench(
                         max_tokens=max_tokens,
                     )
                 else:
-                    text, stats = _run_one(rt, _request(item, mode, temperature, max_tokens))
+                    req = _request(item, mode, temperature, max_tokens, remember=mode == learns)
+                    text, stats = _run_one(rt, req)
                 runs.append(Run(item.task, idx, rep, mode, text, stats))
                 rate = "" if stats.accept_rate is None else f", accept {stats.accept_rate:.0%}"
                 progress(

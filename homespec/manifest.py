@@ -152,6 +152,13 @@ class PairSpec(_Strict):
     )
     ngram_min: int = Field(2, ge=1, le=16, description="shortest n-gram prompt lookup matches")
     ngram_max: int = Field(4, ge=1, le=16, description="longest n-gram prompt lookup tries first")
+    ngram_memory: int = Field(
+        32768,
+        ge=0,
+        le=1_048_576,
+        description="tokens of earlier requests' prompts and answers kept for n-gram lookup "
+        "(about 250 bytes each; 0 = only the request at hand)",
+    )
     spec_min_max_tokens: int = Field(
         32, ge=0, description="answers capped below this many tokens run plain"
     )

@@ -74,7 +74,9 @@ class FakeSession:
             spec=spec,
             target=target,
             draft=None,
-            ngram=NgramDrafter(n_min=spec.ngram_min, n_max=spec.ngram_max),
+            ngram=NgramDrafter(
+                n_min=spec.ngram_min, n_max=spec.ngram_max, memory_tokens=spec.ngram_memory
+            ),
             draft_unavailable_reason=unavailable,
         )
         others = os.environ.get("HOMESPEC_FAKE_OTHERS")

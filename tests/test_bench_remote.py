@@ -75,3 +75,25 @@ def test_a_server_that_refuses_is_named(other: Daemon, tmp_path: Path) -> None:
     remote = Remote("fake", other.url + "/nowhere")
     with httpx.Client(timeout=5) as client, pytest.raises(RequestError, match=r"fake at .*: 404"):
         run_remote(client, remote, items()[0], temperature=0.0, max_tokens=4)
+
+
+def test_the_bench_memory_learns_each_prompt_once_after_all_its_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No mode may draft from another mode's answer to the same prompt: the n-gram memory
+    learns a prompt from its last run only, after every mode ran it, and starts empty at each
+    repeat."""
+    spec = PairSpec(target="t", draft="ngram")
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, NgramDrafter(memory_tokens=4096))
+    memory = rt.ngram.memory
+    assert memory is not None
+    events: list[str] = []
+    learn, forget = memory.add, memory.clear
+    monkeypatch.setattr(memory, "add", lambda tokens: (events.append("learn"), learn(tokens)))
+    monkeypatch.setattr(memory, "clear", lambda: (events.append("clear"), forget()))
+    run_bench(
+        rt, items(), modes=["plain", "ngram"], repeat=2, progress=lambda _: events.append("run")
+    )
+    # per prompt: one run, then the other, which learns as it ends (before it is reported)
+    item = ["run", "learn", "run"]
+    assert events == ["clear", *item, *item] * 2

@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 
 from homespec.engine.drafters import NgramDrafter
+from homespec.engine.ngram_memory import NgramMemory
 from homespec.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -52,3 +53,57 @@ def test_a_repeating_answer_is_proposed_past_the_present() -> None:
     # The last period's continuation ends at the present; the lookup goes on around the loop.
     assert d.propose(history, 10, GREEDY, RNG).tokens == [*loop, *loop, 7, 8]
     assert d.match_len >= 8
+
+
+# --- memory: earlier requests ---------------------------------------------------------------
+
+
+def test_an_earlier_requests_continuation_is_proposed() -> None:
+    d = NgramDrafter(n_min=2, n_max=3, memory_tokens=1000)
+    d.remember([1, 2, 3, 4, 5, 6, 7, 8])
+    d.reset()  # a new request: its own history knows nothing of the earlier one
+    assert d.propose([40, 3, 4, 5], 3, GREEDY, RNG).tokens == [6, 7, 8]
+    assert d.from_memory and d.match_len == 3
+    # the continuation ends where the earlier request ended, not in the next one
+    d.remember([90, 91, 92, 93])
+    assert d.propose([40, 5, 6, 7], 5, GREEDY, RNG).tokens == [8]
+
+
+def test_without_memory_nothing_is_kept_across_requests() -> None:
+    d = NgramDrafter(n_min=2, n_max=3)
+    d.remember([1, 2, 3, 4, 5, 6, 7, 8])
+    d.reset()
+    assert d.propose([40, 3, 4, 5], 3, GREEDY, RNG).tokens == []
+
+
+def test_the_longer_agreement_wins_between_the_request_and_the_memory() -> None:
+    d = NgramDrafter(n_min=2, n_max=3, memory_tokens=1000)
+    d.remember([10, 11, 12, 13, 14, 70, 71])  # 11..14 agree: 4 tokens, then 70
+    history = [12, 13, 14, 60, 61, 0, 11, 12, 13, 14]  # in this request: 3 agree, then 60
+    assert d.propose(history, 2, GREEDY, RNG).tokens == [70, 71]
+    assert d.from_memory and d.match_len == 4
+    longer = [11, 12, 13, 14, 60, 61, 0, 11, 12, 13, 14]  # as long: the request wins a tie
+    d.reset()
+    assert d.propose(longer, 2, GREEDY, RNG).tokens == [60, 61]
+    assert not d.from_memory
+
+
+def test_memory_forgets_the_oldest_requests_and_stays_within_capacity() -> None:
+    memory = NgramMemory(40, n=2)
+    for r in range(20):  # 20 requests of 10 tokens: each its own n-grams
+        memory.add([1000 * r + i for i in range(10)])
+        assert len(memory) <= 40
+    assert memory.lookup([0, 1]) is None  # the first request is forgotten
+    found = memory.lookup([19_003, 19_004])  # the last is still there, at the right place
+    assert found is not None and memory.continuation(found[1], 3) == [19_005, 19_006, 19_007]
+    memory.clear()
+    assert len(memory) == 0 and memory.lookup([19_003, 19_004]) is None
+
+
+def test_a_request_longer_than_the_memory_keeps_its_end() -> None:
+    memory = NgramMemory(10, n=2)
+    memory.add(list(range(100)))
+    assert len(memory) == 10
+    assert memory.lookup([10, 11]) is None
+    found = memory.lookup([95, 96])
+    assert found is not None and memory.continuation(found[1], 5) == [97, 98, 99]

@@ -3,6 +3,8 @@ the scripted fake target: no model files."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -109,3 +111,21 @@ def test_max_tokens_inside_a_step_is_exact() -> None:
     req = GenerationRequest(messages=ASK, max_tokens=13, speculative=True, drafter="ngram")
     text, s = run(runtime(), req)
     assert s.completion_tokens == 13 and len(text) == 13 and s.finish_reason == "length"
+
+
+@pytest.mark.parametrize("remember", [True, False])
+def test_a_repeated_request_drafts_from_the_memory_of_the_first(remember: bool) -> None:
+    """The alphabet after "x" has no repeat within 26 tokens, so only the n-gram memory (the
+    earlier request's answer) can draft it; `remember=False` leaves the memory untouched."""
+    spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
+    memory = NgramDrafter(memory_tokens=spec.ngram_memory)
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, memory)
+    req = GenerationRequest(prompt="x", max_tokens=26, speculative=True, drafter="ngram")
+    first_text, first = run(rt, dataclasses.replace(req, remember=remember))
+    assert first.accepted_tokens == 0 and first_text.startswith("yz abc")
+    again_text, again = run(rt, req)
+    assert again_text == first_text
+    if remember:
+        assert again.accepted_tokens >= 20 and again.verify_steps <= 6
+    else:
+        assert again.accepted_tokens == 0

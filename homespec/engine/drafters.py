@@ -4,8 +4,9 @@
   committed history through `LlamaContext.extend`, so after a verify step it rolls back to the
   accepted prefix instead of re-evaluating the prompt.
 - `NgramDrafter`: prompt lookup. Finds the most recent earlier occurrence of the last n tokens
-  (longest n first) in prompt + output and proposes what followed it. No model, no memory cost;
-  wins when the answer repeats the prompt (edits, extraction, structured output).
+  (longest n first) in prompt + output and proposes what followed it. No model to run, so free;
+  wins when the answer repeats the prompt (edits, extraction, structured output). With an
+  `NgramMemory` it also looks in earlier requests' prompts and answers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from homespec.engine.ngram_memory import NgramMemory
 from homespec.engine.sampling import Probs, SamplingParams, distribution, sample
 from homespec.engine.target import Target
 
@@ -80,19 +82,23 @@ class NgramDrafter:
     history's end for longest wins, and `match_len` says how long that agreement is (up to
     MAX_MATCH). A long match predicts a long continuation: the governor keeps acceptance by
     match length, so it drafts long after a 20-token match and short after a 2-token one.
-    The index grows incrementally with the history and is reset per generation."""
+    The index grows incrementally with the history and is reset per generation; the memory
+    (`memory_tokens` > 0) holds earlier requests, and a match there that agrees for longer
+    wins."""
 
     kind = "ngram"
     CANDIDATES = 4  # places kept per n-gram
     MAX_MATCH = 32  # how far back a match is measured
 
-    def __init__(self, *, n_min: int = 2, n_max: int = 4) -> None:
+    def __init__(self, *, n_min: int = 2, n_max: int = 4, memory_tokens: int = 0) -> None:
         self.n_min = n_min
         self.n_max = n_max
+        self.memory = NgramMemory(memory_tokens, n=n_max) if memory_tokens else None
         self._seen = 0
         # For each n: n-gram -> positions of the tokens that followed its last occurrences.
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
         self.match_len = 0  # of the last proposal (0: none)
+        self.from_memory = False  # the last proposal came from an earlier request
         self.reset()
 
     def reset(self) -> None:
@@ -100,6 +106,12 @@ class NgramDrafter:
         self._seen = 0
         self._index = {n: {} for n in range(self.n_min, self.n_max + 1)}
         self.match_len = 0
+        self.from_memory = False
+
+    def remember(self, tokens: list[int]) -> None:
+        """A finished request's prompt and answer, for the requests after it (with a memory)."""
+        if self.memory is not None:
+            self.memory.add(tokens)
 
     def _update(self, history: list[int]) -> None:
         for pos in range(max(self._seen, 1), len(history)):
@@ -124,8 +136,13 @@ class NgramDrafter:
         self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
         self._update(history)
-        self.match_len = 0
+        self.match_len, self.from_memory = 0, False
         found = self._lookup(history, history)
+        earlier = self.memory.lookup(history) if self.memory is not None else None
+        if earlier is not None and (found is None or earlier[0] > found[0]):
+            assert self.memory is not None
+            self.match_len, self.from_memory = earlier[0], True
+            return Proposal(self.memory.continuation(earlier[1], k))
         if found is None:
             return Proposal([])
         self.match_len, follow = found

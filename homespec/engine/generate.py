@@ -335,6 +335,8 @@ def _steps(
         stats.threads, stats.threads_reason = adapter.state.threads, adapter.state.reason
         if adapter.note:
             stats.reason += f"; {adapter.note}"
+    if req.remember:
+        rt.ngram.remember(history)
     tail = text.flush()
     if tail:
         yield [Chunk(tail, False)]

@@ -279,7 +279,9 @@ def load_pair(
             spec=pair,
             target=target_ctx,
             draft=None,
-            ngram=NgramDrafter(n_min=pair.ngram_min, n_max=pair.ngram_max),
+            ngram=NgramDrafter(
+                n_min=pair.ngram_min, n_max=pair.ngram_max, memory_tokens=pair.ngram_memory
+            ),
             draft_unavailable_reason=unavailable,
             plain_only_reason=plain_only,
         )

@@ -32,6 +32,9 @@ class GenerationRequest:
     speculative: bool | None = None  # None = auto (the policy decides), True = force, False = off
     drafter: Drafter | None = None
     draft_tokens: int | None = None
+    # Add this prompt and answer to the pair's n-gram memory (the bench turns it off for all
+    # but one run of a prompt, so no mode drafts from another mode's answer to it).
+    remember: bool = True
 
 
 @dataclass(frozen=True)

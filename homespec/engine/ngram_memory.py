@@ -1,0 +1,96 @@
+"""What earlier requests said, for n-gram lookup across requests.
+
+Prompt lookup only sees the request at hand. Much of what a homelab box is asked repeats
+across requests: the same file edited again, the same unit file or JSON shape, an answer
+quoted back in the next turn. The memory keeps the last `capacity` tokens of earlier prompts
+and answers (oldest forgotten first) and indexes them by their n-grams, so the n-gram drafter
+can propose what followed the same context last time, whichever request it was in.
+(llama.cpp's `ngram-mod` keeps a hashed table of 24-grams for the same reason.)
+
+It only ever proposes: the target verifies every drafted token, so a remembered continuation
+changes how fast an answer comes, never what it says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+SEP = -1  # between sequences: no n-gram and no agreement crosses it
+
+
+class NgramMemory:
+    CANDIDATES = 4  # places kept per n-gram
+    MAX_MATCH = 32  # how far back agreement is measured
+
+    def __init__(self, capacity: int, *, n: int = 4) -> None:
+        if capacity < 1 or n < 1:
+            raise ValueError("capacity and n must be positive")
+        self.capacity = capacity
+        self.n = n
+        self._corpus: list[int] = []
+        self._index: dict[tuple[int, ...], list[int]] = {}
+
+    def __len__(self) -> int:
+        """Tokens remembered (separators not counted)."""
+        return len(self._corpus) - self._corpus.count(SEP)
+
+    def clear(self) -> None:
+        self._corpus.clear()
+        self._index.clear()
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Remember one finished request (its prompt and answer); forget the oldest when full."""
+        tokens = list(tokens[-self.capacity :])
+        if len(tokens) <= self.n:
+            return
+        if len(self._corpus) + len(tokens) + 1 > self.capacity:
+            self._forget(len(tokens) + 1)
+        start = len(self._corpus)
+        self._corpus += tokens
+        self._corpus.append(SEP)
+        self._index_range(start, start + len(tokens))
+
+    def _forget(self, room: int) -> None:
+        """Drop whole sequences from the front until `room` fits with half the capacity free
+        (so re-indexing, which this costs, happens once per capacity/2 tokens, not per add)."""
+        keep_from, limit = 0, min(self.capacity, max(room, self.capacity // 2))
+        while keep_from < len(self._corpus) and len(self._corpus) - keep_from + room > limit:
+            keep_from = self._corpus.index(SEP, keep_from) + 1
+        del self._corpus[:keep_from]
+        self._index.clear()
+        end = 0
+        while end < len(self._corpus):
+            stop = self._corpus.index(SEP, end)
+            self._index_range(end, stop)
+            end = stop + 1
+
+    def _index_range(self, start: int, end: int) -> None:
+        n, corpus, index = self.n, self._corpus, self._index
+        for follow in range(start + n, end):
+            places = index.setdefault(tuple(corpus[follow - n : follow]), [])
+            places.append(follow)
+            if len(places) > self.CANDIDATES:
+                del places[0]
+
+    def lookup(self, history: Sequence[int]) -> tuple[int, int] | None:
+        """(agreement length, place) of the remembered context that agrees longest with the
+        end of `history`, at least n tokens; None when its last n-gram was never seen."""
+        if len(history) < self.n:
+            return None
+        places = self._index.get(tuple(history[-self.n :]))
+        if not places:
+            return None
+        return max((self._agreement(history, f), f) for f in places)
+
+    def _agreement(self, history: Sequence[int], follow: int) -> int:
+        corpus, end, length = self._corpus, len(history), self.n
+        while length < self.MAX_MATCH and follow - length > 0 and end - length > 0:
+            if corpus[follow - length - 1] != history[end - length - 1]:
+                break  # a separator never equals a token
+            length += 1
+        return length
+
+    def continuation(self, place: int, k: int) -> list[int]:
+        """Up to k tokens remembered from `place` on, stopping at the end of their request."""
+        out = self._corpus[place : place + k]
+        return out[: out.index(SEP)] if SEP in out else out
