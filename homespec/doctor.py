@@ -233,8 +233,17 @@ def _model_line(role: str, facts: dict[str, Any]) -> str:
 
 
 def render_plan_table(p: PairPlan) -> list[str]:
-    cols = ("target_weights", "target_kv", "draft_weights", "draft_kv", "compute", "margin")
-    head = ["device", "tgt weights", "tgt KV", "draft wts", "draft KV", "compute", "margin"]
+    cols = (
+        "target_weights",
+        "target_kv",
+        "draft_weights",
+        "draft_kv",
+        "compute",
+        "runtime",
+        "margin",
+    )
+    head = ["device", "tgt weights", "tgt KV", "draft wts", "draft KV", "compute", "runtime"]
+    head += ["margin"]
     head += ["need", "usable", ""]
     rows = [head]
     for d in p.devices:

@@ -32,7 +32,14 @@ HOST_OVERHEAD = 14 * MiB  # per loaded model: vocabulary, token cache, graph met
 HOST_OVERHEAD_PER_TOKEN = 80  # bytes per vocabulary entry (measured: 49k and 262k vocabularies)
 ESTIMATE_MARGIN = 0.10  # added to every device's estimate
 RAM_RESERVE = 256 * MiB  # left free for the OS and the rest of the process
-GPU_RESERVE = 1 * GiB  # CUDA context and driver per GPU (llama.cpp's own fitter keeps 1 GiB)
+GPU_RESERVE = 1 * GiB  # left free per GPU: driver, display, others (llama.cpp's fitter keeps 1 GiB)
+# What a process pays once for using a CUDA GPU at all, before any model: the CUDA context and
+# the math libraries' workspaces on the card, and the libraries' host mappings in RAM. Measured
+# on one H100 (CUDA 13.0, driver 580) as what the first model's NVML and RSS deltas held beyond
+# its own estimate (1,272 vs 644 MiB on the card, 377 vs 140 MiB of RAM); `doctor --measure`
+# shows it per card.
+GPU_RUNTIME = 640 * MiB
+GPU_RUNTIME_HOST = 240 * MiB
 N_UBATCH = 512
 
 
@@ -127,6 +134,7 @@ class DeviceUse:
     compute: int
     margin: int
     free: int
+    runtime: int = 0  # per process, for using a CUDA GPU at all (GPU_RUNTIME)
 
     @property
     def need(self) -> int:
@@ -136,6 +144,7 @@ class DeviceUse:
             + self.draft_weights
             + self.draft_kv
             + self.compute
+            + self.runtime
             + self.margin
         )
 
@@ -151,6 +160,7 @@ class DeviceUse:
             "draft_weights": self.draft_weights,
             "draft_kv": self.draft_kv,
             "compute": self.compute,
+            "runtime": self.runtime,
             "margin": self.margin,
             "need": self.need,
             "free": self.free,
@@ -236,9 +246,25 @@ class PairRequest:
     draft_gpu_layers: int = -1
 
 
+def uses_gpu(a: Arrangement, role: str) -> bool:
+    layers = a.target_gpu_layers if role == "target" else a.draft_gpu_layers
+    return a.gpu is not None and layers is not None and layers != 0
+
+
+def runtime_cost(a: Arrangement) -> dict[str, int]:
+    """Bytes per device a process pays once for the CUDA GPU this arrangement uses (none for
+    the CPU, and none counted for Metal's unified memory)."""
+    if a.gpu is None or not a.gpu.startswith("cuda"):
+        return {}
+    if not (uses_gpu(a, "target") or uses_gpu(a, "draft")):
+        return {}
+    return {a.gpu: GPU_RUNTIME, RAM: GPU_RUNTIME_HOST}
+
+
 def _use(
     machine: Machine, a: Arrangement, target: Footprint, draft: Footprint | None
 ) -> tuple[DeviceUse, ...]:
+    runtime = runtime_cost(a)
     devices = sorted({RAM, *target.devices, *(draft.devices if draft else [])})
     uses = []
     for dev in devices:
@@ -257,6 +283,7 @@ def _use(
                 compute=compute,
                 margin=int(need * ESTIMATE_MARGIN),
                 free=free,
+                runtime=runtime.get(dev, 0),
             )
         )
     # Unified memory (Apple): what the GPU takes also comes out of RAM.

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Install homespec into ./.venv and get the default pair's demo models. Idempotent.
+# Install homespec into ./.venv (or $HOMESPEC_VENV) and get the default pair's demo models.
+# Idempotent.
 #
 #   ./scripts/install.sh                 CPU build of llama.cpp (works everywhere)
-#   HOMESPEC_BACKEND=cuda ./scripts/install.sh    CUDA build (needs nvcc)
+#   HOMESPEC_BACKEND=cuda ./scripts/install.sh    CUDA build (needs nvcc and cmake); only for
+#       this machine's card (nvidia-smi's compute capability) unless CUDA_ARCH says otherwise,
+#       e.g. CUDA_ARCH="86;89" for two kinds of card
 #   HOMESPEC_BACKEND=metal ./scripts/install.sh   Metal build (macOS)
 #
 # llama-cpp-python ships as source only: the first build takes about 7 minutes on 2 cores.
@@ -11,6 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY="${PYTHON:-python3}"
+VENV="${HOMESPEC_VENV:-.venv}"
 say() { printf '\033[1mhomespec install:\033[0m %s\n' "$*" >&2; }
 die() { printf 'Error: %s\n' "$*" >&2; exit 1; }
 
@@ -20,21 +24,27 @@ command -v "$PY" >/dev/null || die "$PY not found — install Python 3.11+ (Debi
 command -v cc >/dev/null || command -v gcc >/dev/null \
   || die "no C compiler for building llama.cpp — Debian: apt-get install build-essential"
 
-if [ ! -x .venv/bin/python ]; then
-  say "creating .venv"
-  "$PY" -m venv .venv || die "could not create a virtualenv — Debian: apt-get install python3-venv"
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV ($("$PY" --version))"
+  "$PY" -m venv "$VENV" || die "could not create a virtualenv — Debian: apt-get install python3-venv"
 fi
-PIP=(.venv/bin/python -m pip --disable-pip-version-check)
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install --quiet --upgrade pip
 
 case "${HOMESPEC_BACKEND:-cpu}" in
   cpu) ;;
-  cuda)  export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_CUDA=on" ;;
+  cuda)
+    command -v nvcc >/dev/null || die "HOMESPEC_BACKEND=cuda needs nvcc (the CUDA toolkit) on PATH — e.g. export PATH=/usr/local/cuda/bin:\$PATH"
+    arch=${CUDA_ARCH:-$({ nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null || true; } | sort -u | tr -d . | paste -sd';')}
+    # Every architecture llama.cpp knows takes far longer to build than the one card here.
+    [ -n "$arch" ] || die "no NVIDIA card found by nvidia-smi — set CUDA_ARCH (e.g. 89 for an RTX 4090, 90 for an H100)"
+    say "CUDA build for compute capability $arch"
+    export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$arch" ;;
   metal) export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_METAL=on" ;;
   *) die "HOMESPEC_BACKEND must be cpu, cuda or metal (got ${HOMESPEC_BACKEND})" ;;
 esac
 
-if ! .venv/bin/python -c 'import llama_cpp' 2>/dev/null || [ "${HOMESPEC_BACKEND:-cpu}" != cpu ]; then
+if ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null || [ "${HOMESPEC_BACKEND:-cpu}" != cpu ]; then
   say "installing llama-cpp-python (${HOMESPEC_BACKEND:-cpu}); a first build from source takes ~7 min on 2 cores…"
   extra=()
   # pip's wheel cache does not know about CMAKE_ARGS: a GPU build must not reuse a CPU wheel.
@@ -46,5 +56,5 @@ say "installing homespec"
 "${PIP[@]}" install --quiet -e ".${HOMESPEC_EXTRAS:-}"
 
 say "getting the demo models (homespec setup)"
-.venv/bin/homespec setup
-say "done — try: .venv/bin/homespec ask \"...\"  (or activate: source .venv/bin/activate)"
+"$VENV/bin/homespec" setup
+say "done — try: $VENV/bin/homespec ask \"...\"  (or activate: source $VENV/bin/activate)"

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from homespec.gguf_meta import GGUFInfo
 from homespec.planner import (
     GPU_RESERVE,
+    GPU_RUNTIME,
+    GPU_RUNTIME_HOST,
     RAM_RESERVE,
     PairRequest,
     candidates,
@@ -147,6 +149,24 @@ def test_gpu_too_small_for_both_moves_the_draft_to_the_cpu() -> None:
     assert use["cuda0"].draft_weights == 0 and use[RAM].draft_weights > 0
 
 
+def test_a_cuda_plan_counts_what_the_process_pays_for_the_card_once() -> None:
+    """The CUDA context and libraries: on the card and in RAM, its own row, once per process
+    (not per model); a CPU plan pays none of it."""
+    p = plan_pair(request(), box(32, gpu_gib=20))
+    use = {u.device: u for u in p.devices}
+    assert use["cuda0"].runtime == GPU_RUNTIME and use[RAM].runtime == GPU_RUNTIME_HOST
+    assert use["cuda0"].need > use["cuda0"].target_weights + GPU_RUNTIME
+    cpu = plan_pair(request(), box(32))
+    assert all(u.runtime == 0 for u in cpu.devices)
+    # A card with room for the models, but not for the runtime as well, is short.
+    a = candidates(request(), box(32, gpu_gib=20))[0]
+    need = {u.device: u.need for u in evaluate(request(), box(32, gpu_gib=20), a)}["cuda0"]
+    models_only = need - GPU_RUNTIME
+    tight = box(32, gpu_gib=(models_only + GPU_RUNTIME // 2 + GPU_RESERVE) / GiB)
+    card = {u.device: u for u in evaluate(request(), tight, a)}["cuda0"]
+    assert card.free > models_only and not card.fits
+
+
 def test_no_ram_for_the_draft_either_drops_it_for_ngram() -> None:
     p = plan_pair(request(), box(1.5, gpu_gib=12))
     assert (p.rung, p.mode) == ("ngram", "ngram")
@@ -265,6 +285,7 @@ def test_plan_dict_is_the_documented_shape() -> None:
         "draft_weights",
         "draft_kv",
         "compute",
+        "runtime",
         "margin",
         "need",
         "free",

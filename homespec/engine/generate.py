@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -131,6 +131,8 @@ def _governed(
     choice = choose(inputs)
     ledger.chose(choice.option)
     if choice.option == "ngram":
+        if rt.ngram.from_memory:
+            choice = replace(choice, reason=choice.reason + "; matched in an earlier request")
         return "ngram", Proposal(match[: choice.k]), choice
     if choice.option == "model" and rt.draft is not None:
         t0 = time.perf_counter()

@@ -82,7 +82,8 @@ class LlamaModel:
     ) -> None:
         init_backend()
         params = lc.llama_model_default_params()
-        params.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
+        # llama.h: "a negative value means all layers" (llama_model::n_gpu_layers()).
+        params.n_gpu_layers = -1 if gpu_layers < 0 else gpu_layers
         params.use_extra_bufts = repack
         self.path = path
         self.repack = repack

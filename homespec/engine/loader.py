@@ -29,7 +29,7 @@ from homespec.engine.neighbours import ThreadAdapter, physical_cores
 from homespec.errors import OutOfMemoryError
 from homespec.manifest import Manifest, PairSpec
 from homespec.pairs import PairFiles, inspect_pair, plan
-from homespec.planner import Arrangement, Footprint, PairPlan, estimate
+from homespec.planner import Arrangement, Footprint, PairPlan, estimate, runtime_cost, uses_gpu
 from homespec.resources import RAM, Machine, cuda_used, probe_machine
 from homespec.sizes import fmt_size
 
@@ -200,9 +200,14 @@ def _load_model(
         ctx.touch_peak()
     after = _used(a.gpu)
     fp = _footprint(files, a, role)
+    predicted = {d: fp.on(d) for d in fp.devices}
+    if uses_gpu(a, role) and not any(a.gpu in c.predicted for c in held.memory):
+        # the first model on the card brings the CUDA context and libraries with it
+        for device, n in runtime_cost(a).items():
+            predicted[device] = predicted.get(device, 0) + n
     check = MemoryCheck(
         role,
-        {d: fp.on(d) for d in fp.devices},
+        predicted,
         {d: after[d] - before.get(d, 0) for d in after},
         measure_peak,
     )
@@ -212,7 +217,7 @@ def _load_model(
         files.name,
         role,
         held.load_ms[role],
-        fmt_size(fp.on(RAM)),
+        fmt_size(predicted.get(RAM, 0)),
         fmt_size(check.measured[RAM]),
         "peak" if measure_peak else "after load; compute buffers not touched yet",
     )
