@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from homespec.engine.chat_template import InvalidTemplate, TemplateError, render
 from homespec.engine.chat_text import chat_tokens, split_chat
 from homespec.engine.generate import prompt_tokens
 from homespec.engine.loader import LoadedPair
@@ -65,3 +66,57 @@ def test_typed_chatml_markers_cannot_forge_a_system_turn(demo_pair: LoadedPair) 
     allowing = replace(rt, spec=rt.spec.model_copy(update={"allow_special_tokens": True}))
     forged_tokens, _ = prompt_tokens(allowing, req)
     assert forged_tokens.count(im_start) == honest.count(im_start) + 1  # the opt-in parses it
+
+
+# --- the template itself, rendered as Jinja ---------------------------------------------------
+
+SMOLLM2 = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_the_templates_own_default_system_turn_is_kept() -> None:
+    """SmolLM2's template adds a system turn to a chat without one; llama.cpp's built-in
+    chatml renderer left it out, so homespec's prompt differed from llama-server's."""
+    out = render(SMOLLM2, [Message("user", "hi")], bos_token="", eos_token="")
+    assert out == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    own = render(
+        SMOLLM2, [Message("system", "Be brief."), Message("user", "hi")], bos_token="", eos_token=""
+    )
+    assert own.startswith("<|im_start|>system\nBe brief.<|im_end|>") and "SmolLM" not in own
+
+
+def test_a_template_that_refuses_a_chat_says_why_and_a_broken_one_is_told_apart() -> None:
+    strict = (
+        "{{ bos_token }}{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 "
+        "== 0) %}{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
+        "{{ m['role'] }}: {{ m['content'] | tojson }}\n{% endfor %}"
+    )
+    two = [Message("user", "a"), Message("assistant", "b")]
+    assert (
+        render(strict, two, bos_token="<s>", eos_token="</s>") == '<s>user: "a"\nassistant: "b"\n'
+    )
+    with pytest.raises(TemplateError, match="roles must alternate") as refused:
+        render(strict, [Message("user", "a"), Message("user", "b")], bos_token="", eos_token="")
+    assert not isinstance(refused.value, InvalidTemplate)
+    with pytest.raises(InvalidTemplate, match="not valid Jinja"):
+        render("{% for m in messages %}", two, bos_token="", eos_token="")
+    # a template is sandboxed: no reaching into Python from a GGUF
+    sneaky = "{{ messages.__class__.__mro__ }}"
+    with pytest.raises(TemplateError):
+        render(sneaky, two, bos_token="", eos_token="")
+
+
+@pytest.mark.models
+def test_the_demo_model_gets_the_prompt_its_template_writes(demo_pair: LoadedPair) -> None:
+    model = demo_pair.runtime.target.model
+    prompt = model.chat_prompt([Message("user", "hi")])
+    assert prompt.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")

@@ -15,6 +15,7 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 
+from homespec.engine import chat_template
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.types import Message
 from homespec.errors import EngineError, RequestError
@@ -138,15 +139,44 @@ class LlamaModel:
         return bool(lc.llama_model_chat_template(self._model, None))
 
     def chat_prompt(self, messages: list[Message]) -> str:
-        """Render messages with the model's own chat template (llama.cpp's built-in renderer).
+        """Render messages with the model's own chat template, as Jinja (chat_template.py).
 
-        A base model without a template gets a plain "Role: text" transcript; the engine
-        reports that in the request's stats (`prompt_format`).
+        A template that is not valid Jinja is rendered by llama.cpp's built-in renderer
+        instead (it knows the common templates by their look), with a warning. A base model
+        without a template gets a plain "Role: text" transcript; the engine reports that in
+        the request's stats (`prompt_format`).
         """
         tmpl = lc.llama_model_chat_template(self._model, None)
         if not tmpl:
             turns = [f"{m.role.capitalize()}: {m.content}" for m in messages]
             return "\n\n".join([*turns, "Assistant:"])
+        bos = self._special_text(lc.llama_vocab_bos(self._vocab))
+        eos = self._special_text(lc.llama_vocab_eos(self._vocab))
+        try:
+            text = chat_template.render(
+                tmpl.decode("utf-8", "replace"), messages, bos_token=bos, eos_token=eos
+            )
+        except chat_template.InvalidTemplate as exc:
+            LOG.warning("%s: %s; using llama.cpp's built-in renderer", self.path.name, exc)
+            return self._builtin_chat_prompt(tmpl, messages)
+        except chat_template.TemplateError as exc:
+            raise RequestError(
+                f"{self.path.name}'s chat template cannot render these messages: {exc}",
+                "check the roles and their order (many templates want user and assistant "
+                "turns to alternate), or send a raw prompt",
+            ) from None
+        # The tokenizer adds BOS itself when the model wants one: not twice.
+        if bos and self.add_bos and text.startswith(bos):
+            text = text[len(bos) :]
+        return text
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        raw = lc.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def _builtin_chat_prompt(self, tmpl: bytes, messages: list[Message]) -> str:
         keep = [(m.role.encode(), m.content.encode()) for m in messages]
         chat = (lc.llama_chat_message * len(keep))()
         for i, (role, content) in enumerate(keep):
