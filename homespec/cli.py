@@ -24,7 +24,7 @@ from homespec.cli_common import (
     pair_option,
     stats_line,
 )
-from homespec.cli_daemon import report, serve, status
+from homespec.cli_daemon import reload, report, serve, status
 from homespec.vocab import DRAFTERS
 
 
@@ -383,7 +383,7 @@ def derive_cmd(src: Path, dst: Path, file_type: str, force: bool) -> None:
     derive(src, dst, file_type, report=err, force=force)
 
 
-for _command in (serve, status, report):
+for _command in (serve, status, report, reload):
     cli.add_command(_command)
 
 

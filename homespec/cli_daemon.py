@@ -51,7 +51,8 @@ def serve(
     POST /v1/chat/completions and /v1/completions (stream or not; extras "speculative",
     "task", "draft_tokens"; stats in a "homespec" object), GET /v1/models, /health, /metrics,
     /homespec/status. Every request is a line in requests.jsonl. Under systemd (Type=notify)
-    it reports READY=1 once the target serves; SIGTERM drains in-flight requests, then unloads.
+    it reports READY=1 once the target serves; SIGTERM drains in-flight requests, then unloads;
+    SIGHUP (or `homespec reload`) re-reads models.toml.
     """
     from homespec.daemon.serve import build, run
     from homespec.manifest import load_manifest
@@ -87,6 +88,33 @@ def _memory(p: dict[str, Any]) -> str:
         return "—"
     devices = "+".join(planned)
     return f"{fmt_size(total)} ({devices}; target {fmt_size(target)}, draft {fmt_size(draft)})"
+
+
+@click.command()
+@url_option
+@click.option("--json", "as_json", is_flag=True, help="Print what the daemon did as JSON.")
+def reload(url: str | None, as_json: bool) -> None:
+    """Make the running daemon re-read its models.toml (as `systemctl reload homespec` does).
+
+    Unchanged pairs keep running; changed pairs finish their requests and restart on the new
+    settings; removed pairs finish and stop; new pairs (in [server] pairs) start. A config
+    with any error is refused as a whole with the error `ask` would print, exit 2, and the
+    daemon keeps running what it ran.
+    """
+    from homespec.client import DaemonClient
+
+    code, result = DaemonClient(url).post("/homespec/reload")
+    if code == 400:
+        message = (result.get("error") or {}).get("message") or "the new config was refused"
+        raise ConfigError(message, "fix models.toml and run `homespec reload` again")
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for what in ("kept", "restarted", "started", "stopped"):
+        if result[what]:
+            click.echo(f"{what}: {', '.join(result[what])}")
+    for note in result["notes"]:
+        click.echo(f"note: {note}")
 
 
 @click.command()

@@ -44,6 +44,23 @@ class DaemonClient:
             ) from None
         return _json_or_raise(r)
 
+    def post(self, path: str, timeout: float = 60) -> tuple[int, dict[str, Any]]:
+        """POST without a body: the status code and the JSON answer (errors included)."""
+        try:
+            r = httpx.post(f"{self.url}{path}", headers=self.headers, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise DaemonUnavailable(
+                f"no homespec daemon answers at {self.url} ({exc})",
+                "start one with `homespec serve` (or set HOMESPEC_URL / --url)",
+            ) from None
+        if r.status_code > 400:  # 400: the answer says what was wrong with the request
+            _json_or_raise(r)
+        try:
+            body: dict[str, Any] = r.json()
+        except ValueError:
+            body = {}
+        return r.status_code, body
+
     def stream(self, path: str, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """POST with stream=true and yield each SSE event's JSON."""
         with httpx.stream(

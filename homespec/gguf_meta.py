@@ -287,7 +287,12 @@ def read_gguf(path: Path) -> GGUFInfo:
     embd_bytes = named.pop("token_embd.weight", 0)
     output_bytes = named.pop("output.weight", 0)
     tokens = meta.get("tokenizer.ggml.tokens")
-    tokens = tokens if isinstance(tokens, TokenTable) else TokenTable(b"", [0])
+    if not isinstance(tokens, TokenTable) or not len(tokens):
+        found = "has none" if tokens is None else "is not a list of strings"
+        raise ModelFileError(
+            f"{path}: malformed tokenizer: tokenizer.ggml.tokens {found}",
+            "this file cannot generate text: re-download or re-derive it",
+        )
 
     def _int(key: str) -> int | None:
         return _int_key(meta, key)

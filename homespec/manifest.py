@@ -186,6 +186,19 @@ class MemorySpec(_Strict):
         default_factory=dict,
         description='e.g. { ram = "6GiB", cuda0 = "7GiB" }; HOMESPEC_MEMORY_BUDGET wins per device',
     )
+    min_free: str = Field(
+        "512MiB",
+        description="while serving: when less than this is free where a pair's draft lives, "
+        "the draft is dropped (n-gram drafting goes on); it comes back once twice this is "
+        "free with the draft loaded, for a few samples in a row",
+    )
+    watch_interval_s: float = Field(
+        5.0, gt=0, le=3600, description="how often the daemon samples free memory"
+    )
+
+    @property
+    def min_free_bytes(self) -> int:
+        return parse_size(self.min_free)
 
     @model_validator(mode="after")
     def _sizes(self) -> MemorySpec:
@@ -196,6 +209,10 @@ class MemorySpec(_Strict):
                 parse_size(size)
             except ValueError as exc:
                 raise ValueError(f"budget.{device}: {exc}") from None
+        try:
+            parse_size(self.min_free)
+        except ValueError as exc:
+            raise ValueError(f"min_free: {exc}") from None
         return self
 
 
@@ -246,6 +263,11 @@ class ManifestSpec(_Strict):
                 problems.append(
                     f"pairs.{name}.draft: {pair.draft!r} is not a model in [models], "
                     f'"{NGRAM}" or "{NO_DRAFT}"'
+                )
+            elif pair.draft == pair.target:
+                problems.append(
+                    f"pairs.{name}.draft: {pair.draft!r} is the target itself: a draft as "
+                    f'costly as the target never pays (use a smaller model or "{NGRAM}")'
                 )
         for name, model in sorted(self.models.items()):
             if model.derive and model.derive.from_ not in self.models:
@@ -318,9 +340,12 @@ class Manifest:
             hint = f"run `homespec setup --pair {pair}` to get it"
         else:
             hint = f"put the file there or fix models.{model}.path in {self.path}"
-        where = (
-            f"package {spec.package!r} is not installed" if path is None else f"{path} not found"
-        )
+        if path is None:
+            where = f"package {spec.package!r} is not installed"
+        elif path.is_dir():
+            where, hint = f"{path} is a directory", f"point models.{model}.path at a .gguf file"
+        else:
+            where = f"{path} not found"
         raise ModelFileError(f"pair {pair!r} needs model {model!r}: {where}", hint)
 
 

@@ -122,6 +122,11 @@ class FakeSession:
             self._runtime.draft = ModelDrafter(draft)
             self._runtime.draft_unavailable_reason = ""
 
+    def detach_draft(self, reason: str, idle: AbstractContextManager[object]) -> None:
+        with idle:
+            self._runtime.draft = None
+            self._runtime.draft_unavailable_reason = reason
+
     def close(self) -> None:
         pass
 

@@ -226,7 +226,9 @@ def test_bench_json_reports_each_mode_per_task(demo_manifest: Manifest, tmp_path
             assert row["speedup"] is None
             assert row["reasons"] == ["request: speculation off"]
         else:
-            assert row["speedup"] > 0 and row["accept_rate"] is not None
+            assert row["speedup"] > 0
+            # a draft model always proposes; n-gram lookup only where the text repeats
+            assert row["accept_rate"] is not None or mode == "ngram"
             # ratio of medians of two runs lies between the per-prompt ratios (the mediant)
             assert row["speedup_min"] <= row["speedup"] + 1e-9
             assert row["speedup"] <= row["speedup_max"] + 1e-9

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,11 @@ from click.testing import CliRunner
 from homespec.cli import cli
 from homespec.daemon.app import Throttle
 from homespec.daemon.service import without_paths
+from tests.conftest import write_tiny_gguf
 from tests.daemon_process import (
+    FAKE_ENGINE,
     Daemon,
+    all_attached,
     fake_daemon,
     fake_manifest_file,
     start_daemon,
@@ -249,3 +253,57 @@ def test_a_client_that_leaves_stops_its_generation(
     assert all(p["queue_depth"] == 0 for p in status["pairs"])
     retry = {**body, "max_tokens": 8, "stream": False}
     assert httpx.post(d.url + CHAT, json=retry, headers=headers, timeout=10).status_code == 200
+
+
+# --- reload: a config edited under a running daemon ------------------------------------------
+
+
+def test_reload_keeps_what_did_not_change_restarts_what_did_and_refuses_a_bad_config(
+    tmp_path: Path,
+) -> None:
+    target, draft = write_tiny_gguf(tmp_path / "t.gguf"), write_tiny_gguf(tmp_path / "d.gguf")
+    cfg = tmp_path / "models.toml"
+
+    def write(
+        pairs: str = '["smollm2", "smollm2-ngram"]', extra: str = "", ctx: str = "1024"
+    ) -> None:
+        cfg.write_text(
+            f'default_pair = "smollm2"\n[server]\npairs = {pairs}\n'
+            f'[models.t]\npath = "{target}"\n[models.d]\npath = "{draft}"\n'
+            f'[pairs.smollm2]\ntarget = "t"\ndraft = "d"\nn_ctx = {ctx}\n{extra}'
+            '[pairs.smollm2-ngram]\ntarget = "t"\ndraft = "ngram"\nn_ctx = 1024\n'
+        )
+
+    def pids() -> dict[str, int]:
+        return {p["name"]: p["engine"]["pid"] for p in d.get("/homespec/status").json()["pairs"]}
+
+    write()
+    d = start_daemon(cfg, tmp_path, env={**FAKE_ENGINE, "HOMESPEC_FAKE_DECODE_S": "0"})
+    try:
+        before = pids()
+        # A typo: refused as a whole, with the error `ask` would print; nothing restarts.
+        write(ctx='"big"')
+        result = CliRunner().invoke(cli, ["reload", "--url", d.url])
+        assert result.exit_code == 2 and "pairs.smollm2.n_ctx" in result.stderr, result.output
+        assert "Traceback" not in result.output
+        # A missing model file: refused too.
+        cfg.write_text(cfg.read_text().replace(str(draft), str(tmp_path / "gone.gguf")))
+        r = d.post("/homespec/reload")
+        assert r.status_code == 400 and "gone.gguf" in r.json()["error"]["message"]
+        assert pids() == before and d.get("/health").json()["status"] == "ready"
+        # SIGHUP with one pair changed: it restarts, the other keeps its engine.
+        write(extra="draft_tokens = 4\n")
+        d.proc.send_signal(signal.SIGHUP)
+        wait_until(d, lambda h: all_attached(h) and pids()["smollm2"] != before["smollm2"])
+        assert pids()["smollm2-ngram"] == before["smollm2-ngram"]
+        assert "restarting smollm2" in d.log() and "kept smollm2-ngram" in d.log()
+        served = d.post(CHAT, {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]})
+        assert served.status_code == 200
+        # A pair taken out of [server] pairs drains and stops.
+        write(pairs='["smollm2"]', extra="draft_tokens = 4\n")
+        result = CliRunner().invoke(cli, ["reload", "--url", d.url, "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["stopped"] == ["smollm2-ngram"]
+        assert list(d.get("/health").json()["pairs"]) == ["smollm2"]
+    finally:
+        d.stop()

@@ -7,9 +7,11 @@ are no module-level globals. Client mistakes get a 4xx with OpenAI's error envel
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import math
+import signal
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -43,6 +45,7 @@ from homespec.errors import (
     RequestError,
     UnknownModel,
 )
+from homespec.resources import Machine, probe_machine
 
 LOG = logging.getLogger("homespec.daemon")
 OPEN_PATHS = ("/health",)
@@ -84,6 +87,19 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+def _http_detail(exc: HTTPException) -> str:
+    """FastAPI says only "There was an error parsing the body" for a body that json.loads
+    could not even start on: say which way it was bad."""
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not UTF-8 JSON ({cause.reason} at byte {cause.start})"
+    if isinstance(cause, RecursionError):
+        return "the body is JSON nested too deep to read"
+    if cause is not None and exc.status_code == 400:
+        return f"the body could not be read as JSON ({type(cause).__name__}: {cause})"
+    return str(exc.detail)
 
 
 def allowed_hosts(config: DaemonConfig) -> frozenset[str]:
@@ -186,13 +202,17 @@ class Gate:
         await self.app(scope, receive, send)
 
 
-def create_app(config: DaemonConfig) -> FastAPI:
-    daemon = Daemon(config)
+def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machine) -> FastAPI:
+    daemon = Daemon(config, probe)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         daemon.start()
+        # SIGHUP (`systemctl reload homespec`) re-reads models.toml; its default would kill us.
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, daemon.reload_soon)
         yield
+        loop.remove_signal_handler(signal.SIGHUP)
         await daemon.close()  # after uvicorn has drained the in-flight requests
 
     app = FastAPI(title="homespec", version=__version__, lifespan=lifespan)
@@ -203,6 +223,14 @@ def create_app(config: DaemonConfig) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        kind = request.headers.get("content-type", "")
+        if request.method == "POST" and "json" not in kind:
+            return _error(
+                400,
+                f"the body must be JSON, sent with content-type application/json "
+                f"(got {kind or 'no content-type'})",
+                "invalid_request_error",
+            )
         problems = []
         for err in exc.errors():
             if err["type"] == "json_invalid":
@@ -215,7 +243,7 @@ def create_app(config: DaemonConfig) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(exc.status_code, str(exc.detail), kind, headers=exc.headers)
+        return _error(exc.status_code, _http_detail(exc), kind, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:
@@ -230,12 +258,29 @@ def create_app(config: DaemonConfig) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         for w in daemon.workers.values():
-            daemon.metrics.set_state(w.name, w.mode, w.pending, len(w.deaths), w.memory())
+            daemon.metrics.set_state(
+                w.name,
+                w.mode,
+                w.pending,
+                len(w.deaths),
+                w.memory(),
+                draft_dropped=w.memory_watch.dropped,
+                draft_drops=w.memory_drops,
+            )
         return Response(daemon.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/homespec/status")
     async def status() -> dict[str, Any]:
         return daemon.status()
+
+    @app.post("/homespec/reload")
+    async def reload() -> JSONResponse:
+        """Re-read models.toml (as SIGHUP does): 200 with what changed, or 400 with why the new
+        config was refused (the running one stays)."""
+        result = await daemon.reload()
+        if not result.ok:
+            return _error(400, result.summary(), "invalid_request_error")
+        return JSONResponse(result.to_dict())
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

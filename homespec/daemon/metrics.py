@@ -76,6 +76,18 @@ class Metrics:
             ["pair"],
             registry=r,
         )
+        self.draft_dropped = Gauge(
+            "homespec_draft_dropped_for_memory",
+            "1 while the memory watch keeps the pair's draft unloaded (memory ran short)",
+            ["pair"],
+            registry=r,
+        )
+        self.draft_drops = Gauge(
+            "homespec_memory_draft_drops",
+            "Times the memory watch dropped the pair's draft since the daemon started",
+            ["pair"],
+            registry=r,
+        )
         self.engine_memory = Gauge(
             "homespec_engine_memory_bytes",
             "Memory the pair's engine process holds, per device (ram: resident; cudaN: NVML)",
@@ -100,12 +112,22 @@ class Metrics:
             self.threads.labels(pair).set(stats.threads)
 
     def set_state(
-        self, pair: str, mode: str, queue_depth: int, deaths: int, memory: dict[str, int]
+        self,
+        pair: str,
+        mode: str,
+        queue_depth: int,
+        deaths: int,
+        memory: dict[str, int],
+        *,
+        draft_dropped: bool = False,
+        draft_drops: int = 0,
     ) -> None:
         for m in PAIR_MODES:
             self.mode.labels(pair, m).set(1 if m == mode else 0)
         self.queue.labels(pair).set(queue_depth)
         self.deaths.labels(pair).set(deaths)
+        self.draft_dropped.labels(pair).set(1 if draft_dropped else 0)
+        self.draft_drops.labels(pair).set(draft_drops)
         for device, n in memory.items():
             self.engine_memory.labels(pair, device).set(n)
 

@@ -9,10 +9,12 @@ a file (never from the command line, where `ps` would show it).
 from __future__ import annotations
 
 import errno
+import importlib
 import ipaddress
 import logging
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
@@ -23,9 +25,22 @@ from homespec.errors import ConfigError
 from homespec.manifest import Manifest
 from homespec.paths import state_dir
 from homespec.reqlog import LOG_NAME, RequestLog
+from homespec.resources import Machine, probe_machine
 
 LOG = logging.getLogger("homespec.daemon")
 API_KEY_ENV = "HOMESPEC_API_KEY"
+# What the memory watch samples, as MODULE:FUNCTION returning a resources.Machine. The tests
+# point it at a scripted probe (tests/fake_memory.py), as HOMESPEC_ENGINE points at a fake engine.
+MEMORY_PROBE_ENV = "HOMESPEC_MEMORY_PROBE"
+
+
+def memory_probe() -> Callable[[], Machine]:
+    where = os.environ.get(MEMORY_PROBE_ENV)
+    if not where:
+        return probe_machine
+    module, _, name = where.partition(":")
+    probe: Callable[[], Machine] = getattr(importlib.import_module(module), name)
+    return probe
 
 
 def is_loopback(host: str) -> bool:
@@ -76,7 +91,14 @@ def build(
             f"cannot write the request log {log.path}: {exc.strerror or exc}",
             "give --state-dir (or $HOMESPEC_STATE_DIR) a directory this user can write",
         ) from None
-    return DaemonConfig(manifest=manifest, state_dir=where, pairs=names, api_key=key, host=host)
+    return DaemonConfig(
+        manifest=manifest,
+        state_dir=where,
+        pairs=names,
+        api_key=key,
+        host=host,
+        pair_args=tuple(pairs),
+    )
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -100,7 +122,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def run(config: DaemonConfig, *, host: str, port: int) -> None:
     sock = bind(host, port)
-    app = create_app(config)
+    app = create_app(config, probe=memory_probe())
     server = uvicorn.Server(
         uvicorn.Config(
             app,

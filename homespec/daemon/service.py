@@ -10,7 +10,8 @@ import logging
 import re
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,21 @@ from homespec.daemon.metrics import Metrics
 from homespec.daemon.systemd import notify
 from homespec.daemon.worker import Outcome, PairWorker
 from homespec.engine.types import GenerationRequest
-from homespec.errors import UnknownModel
-from homespec.manifest import Manifest
-from homespec.pairs import machine_budgets
+from homespec.errors import HomespecError, UnknownModel
+from homespec.manifest import Manifest, load_manifest
+from homespec.pairs import inspect_pair, machine_budgets
 from homespec.reqlog import LOG_NAME, RequestLog
-from homespec.resources import Machine, held
+from homespec.resources import Machine, held, probe_machine
 
 LOG = logging.getLogger("homespec.daemon")
+
+
+def _pair_config(manifest: Manifest, name: str) -> tuple[Any, ...]:
+    """Everything a pair's engine is built from: its settings and its models' (a pair whose
+    tuple is unchanged keeps running across a reload)."""
+    _, spec = manifest.pair(name)
+    models = manifest.spec.models
+    return (spec, models.get(spec.target), models.get(spec.draft))
 
 
 _DIRS = re.compile(r"(?<![\w.~:/-])(?:~|[A-Za-z]:)?[/\\](?:[^\s'\"/\\]+[/\\])+")
@@ -44,11 +53,53 @@ class DaemonConfig:
     pairs: list[str]
     api_key: str | None = None
     host: str = "127.0.0.1"  # the address it listens on (a Host header may name it)
+    pair_args: tuple[str, ...] = ()  # `serve --pair`: fixed across reloads (else the manifest's)
+
+
+@dataclass(frozen=True)
+class Reloaded:
+    """What `reload()` did: per pair, kept / restarted / started / stopped; or why nothing."""
+
+    ok: bool
+    error: str = ""
+    kept: tuple[str, ...] = ()
+    restarted: tuple[str, ...] = ()
+    started: tuple[str, ...] = ()
+    stopped: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "error": self.error or None,
+            "kept": list(self.kept),
+            "restarted": list(self.restarted),
+            "started": list(self.started),
+            "stopped": list(self.stopped),
+            "notes": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        if not self.ok:
+            return f"reload refused, the running configuration stays: {self.error}"
+        parts = [
+            f"{what} {', '.join(names)}"
+            for what, names in (
+                ("kept", self.kept),
+                ("restarting", self.restarted),
+                ("starting", self.started),
+                ("stopped", self.stopped),
+            )
+            if names
+        ]
+        return "reloaded: " + "; ".join(parts + list(self.notes))
 
 
 class Daemon:
-    def __init__(self, config: DaemonConfig) -> None:
+    def __init__(self, config: DaemonConfig, probe: Callable[[], Machine] = probe_machine) -> None:
+        """`probe`: what the memory watch samples (resources.probe_machine; tests script it)."""
         self.config = config
+        self.probe = probe
         self.server = config.manifest.spec.server
         self.metrics = Metrics()
         self.log = RequestLog(config.state_dir / LOG_NAME)
@@ -59,28 +110,140 @@ class Daemon:
         self._closing = False
         self._base: Machine | None = None  # the first engine's probe, budgets applied
         self._loader: asyncio.Task[None] | None = None
-        self.workers = {
-            name: PairWorker(
-                config.manifest,
-                name,
-                max_queue=self.server.max_queue,
-                machine_for=self._machine_for,
-                on_ready=self._on_ready,
-            )
-            for name in config.pairs
-        }
+        self._watch: asyncio.Task[None] | None = None
+        self._reloading = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()  # reloads and swaps under way
+        self._retiring: set[PairWorker] = set()  # replaced or removed, still draining
+        self.workers = {name: self._worker(config.manifest, name) for name in config.pairs}
+
+    def _worker(self, manifest: Manifest, name: str) -> PairWorker:
+        return PairWorker(
+            manifest,
+            name,
+            max_queue=manifest.spec.server.max_queue,
+            machine_for=self._machine_for,
+            on_ready=self._on_ready,
+        )
 
     def start(self) -> None:
         """Start the pairs' engines in the background, one after another (the app answers
         /health meanwhile): each pair is planned on what the earlier ones left, so two pairs
         that do not fit together degrade or refuse instead of overcommitting the box."""
-        self._loader = asyncio.get_running_loop().create_task(self._load_all())
+        loop = asyncio.get_running_loop()
+        self._loader = loop.create_task(self._load_all())
+        self._watch = loop.create_task(self._watch_memory())
 
     async def _load_all(self) -> None:
-        for w in self.workers.values():
+        for w in list(self.workers.values()):
             if self._closing:
                 return
-            await w.start()
+            if self.workers.get(w.name) is w:  # not replaced or removed by a reload meanwhile
+                await w.start()
+
+    # --- reload (SIGHUP, `homespec reload`) ------------------------------------------------
+
+    def reload_soon(self) -> None:
+        """Reload in the background (the SIGHUP handler cannot wait)."""
+        self._keep(asyncio.get_running_loop().create_task(self.reload()))
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def reload(self) -> Reloaded:
+        """Re-read models.toml. A config that does not load, names a pair it lacks, or whose
+        pairs' files fail the checks `ask` makes is refused as a whole: the running pairs stay
+        as they are. Otherwise unchanged pairs keep running; changed ones drain their requests,
+        stop and start again on the new config; removed ones drain and stop; new ones start.
+        A restarted pair answers 503 (retry shortly) between its old engine and its new one."""
+        async with self._reloading:
+            path = self.config.manifest.path
+            try:
+                manifest = await asyncio.to_thread(load_manifest, path)
+                names = list(
+                    self.config.pair_args or manifest.spec.server.pairs or [manifest.default_pair]
+                )
+                for name in names:
+                    await asyncio.to_thread(inspect_pair, manifest, name)
+            except HomespecError as exc:
+                result = Reloaded(False, error=str(exc))
+                LOG.error("%s", result.summary())
+                return result
+            old = self.config.manifest
+            kept, restarted, started, stopped = [], [], [], []
+            for name in names:
+                if name not in self.workers:
+                    started.append(name)
+                elif _pair_config(old, name) == _pair_config(manifest, name):
+                    kept.append(name)
+                else:
+                    restarted.append(name)
+            stopped = [name for name in self.workers if name not in names]
+            notes = []
+            if manifest.spec.server.model_dump(exclude={"max_queue", "pairs"}) != (
+                old.spec.server.model_dump(exclude={"max_queue", "pairs"})
+            ):
+                notes.append("[server]: only max_queue and pairs apply without a restart")
+            if manifest.spec.memory.budget != old.spec.memory.budget:
+                notes.append("[memory] budget: applies to pairs as they (re)start")
+            self.config = replace(self.config, manifest=manifest, pairs=names)
+            self.server = manifest.spec.server
+            for name in kept:
+                self.workers[name].manifest = manifest
+                self.workers[name].max_queue = manifest.spec.server.max_queue
+            for name in stopped:
+                self._swap(self.workers.pop(name), None)
+            for name in restarted:
+                new = self._worker(manifest, name)
+                self._swap(self.workers[name], new)
+                self.workers[name] = new
+            for name in started:
+                new = self._worker(manifest, name)
+                self.workers[name] = new
+                self._swap(None, new)
+            result = Reloaded(
+                True,
+                kept=tuple(kept),
+                restarted=tuple(restarted),
+                started=tuple(started),
+                stopped=tuple(stopped),
+                notes=tuple(notes),
+            )
+            LOG.warning("%s", result.summary())
+            return result
+
+    def _swap(self, old: PairWorker | None, new: PairWorker | None) -> None:
+        """In the background: drain and stop `old`, then start `new` (never both loaded at
+        once: the box was planned for one)."""
+
+        async def swap() -> None:
+            if old is not None:
+                self._retiring.add(old)
+                await old.drain(self.server.shutdown_timeout_s)
+                await old.close()
+                self._retiring.discard(old)
+            if new is not None and not self._closing:
+                await new.start()
+
+        self._keep(asyncio.get_running_loop().create_task(swap()))
+
+    async def _watch_memory(self) -> None:
+        """Sample free memory every `[memory] watch_interval_s`; each pair's worker drops or
+        brings back its draft (daemon/memory_watch.py). A failed probe skips a sample."""
+        while not self._closing:
+            spec = self.config.manifest.spec.memory  # a reload may change it
+            await asyncio.sleep(spec.watch_interval_s)
+            try:
+                machine = await asyncio.to_thread(self.probe)
+            except Exception as exc:  # the watch must never take the daemon down
+                LOG.warning(
+                    "memory watch: probe failed (%s); next sample in %gs",
+                    exc,
+                    spec.watch_interval_s,
+                )
+                continue
+            for w in self.workers.values():
+                w.watch_memory(machine, spec.min_free_bytes)
 
     def _machine_for(self, worker: PairWorker) -> Machine | None:
         """The first probe less what the other pairs hold: each one's plan, or what its engine
@@ -105,10 +268,15 @@ class Daemon:
 
     async def close(self) -> None:
         self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
         notify("STOPPING=1\nSTATUS=draining requests, then unloading models")
         if self._loader is not None:
             self._loader.cancel()
-        await asyncio.gather(*(w.close() for w in self.workers.values()))
+        if self._watch is not None:
+            self._watch.cancel()
+        workers = [*self.workers.values(), *self._retiring]
+        await asyncio.gather(*(w.close() for w in workers))
         LOG.info("models unloaded")
 
     # --- routing ---------------------------------------------------------------------------
@@ -249,6 +417,12 @@ class Daemon:
                 # llama.cpp CPU threads after the last request, and why fewer than configured
                 "threads": w.threads[0] or None,
                 "threads_reason": w.threads[1] or None,
+            },
+            # the runtime memory watch (daemon/memory_watch.py)
+            "memory_watch": {
+                "draft_dropped": w.memory_watch.dropped,
+                "reason": w.memory_watch.reason or None,
+                "drops": w.memory_drops,
             },
         }
         if w.info is not None:

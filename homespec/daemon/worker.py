@@ -29,13 +29,16 @@ from enum import StrEnum
 from homespec import errors
 from homespec.daemon.crashes import EngineDeath, recover
 from homespec.daemon.engine import EngineProcess
+from homespec.daemon.memory_watch import DraftWatch, decide
 from homespec.engine.crashsite import Site
 from homespec.engine.protocol import (
     AttachDraft,
     Cancel,
     Counted,
     CountPrompt,
+    DetachDraft,
     DraftAttached,
+    DraftDetached,
     EngineInfo,
     Failure,
     Finished,
@@ -48,7 +51,7 @@ from homespec.engine.protocol import (
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
 from homespec.errors import EngineCrashed, HomespecError, QueueFull, RequestError
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
-from homespec.resources import Machine
+from homespec.resources import RAM, Machine
 from homespec.vocab import PairMode
 
 LOG = logging.getLogger("homespec.daemon")
@@ -138,6 +141,8 @@ class PairWorker:
         self._qids = itertools.count()
         self._draft_task: asyncio.Task[None] | None = None
         self._spawned_at = self.started_at
+        self.memory_watch = DraftWatch()  # the draft dropped for memory, and the way back
+        self.memory_drops = 0
 
     def _set_state(self, new: WorkerState) -> None:
         if new != self.state and new not in TRANSITIONS[self.state]:
@@ -176,6 +181,8 @@ class PairWorker:
             self._on_loaded(msg)
         elif isinstance(msg, DraftAttached):
             self._on_draft(msg)
+        elif isinstance(msg, DraftDetached):
+            self.info = msg.info
         elif isinstance(msg, LoadFailed):
             self.error = str(msg.failure)
             LOG.error("pair %s failed to load: %s", self.name, self.error)
@@ -242,6 +249,9 @@ class PairWorker:
             return
         if not msg.info.draft_loaded:
             return  # no draft in the plan: the engine only measured its costs
+        if self.speculative_after_s is not None:  # back after the memory watch dropped it
+            LOG.info("pair %s: draft attached again, speculative", self.name)
+            return
         self.speculative_after_s = time.perf_counter() - self.started_at
         LOG.info(
             "pair %s: draft attached after %.1f s, speculative", self.name, self.speculative_after_s
@@ -288,6 +298,42 @@ class PairWorker:
         self._set_state(WorkerState.RESTARTING)
         self._spawn()
 
+    # --- memory ----------------------------------------------------------------------------------
+
+    def watch_memory(self, machine: Machine, min_free: int) -> None:
+        """One sample of the memory watch (daemon/memory_watch.py): drop the draft when the
+        memory free where it lives runs short, bring it back once there is room again."""
+        info = self.info
+        if self.state != WorkerState.READY or info is None or self._engine is None:
+            return
+        a = info.plan.arrangement
+        on_gpu = a.gpu is not None and a.draft_gpu_layers not in (None, 0)
+        device = a.gpu if on_gpu and a.gpu else RAM
+        planned = sum(u.draft_weights + u.draft_kv for u in info.plan.devices if u.device == device)
+        measured = max(
+            (c.measured.get(device, 0) for c in info.memory if c.role == "draft"), default=0
+        )
+        verdict = decide(
+            self.memory_watch,
+            device=device,
+            free=machine.free(device),
+            min_free=min_free,
+            draft_bytes=max(planned, measured),
+            draft_loaded=info.draft_loaded,
+        )
+        self.memory_watch = verdict.watch
+        if verdict.action == "drop":
+            self.memory_drops += 1
+            LOG.warning(
+                "pair %s: %s; n-gram drafting until memory comes back",
+                self.name,
+                verdict.watch.reason,
+            )
+            self._engine.send(DetachDraft(verdict.watch.reason))
+        elif verdict.action == "attach":
+            LOG.warning("pair %s: memory back (%s): re-attaching the draft", self.name, verdict.why)
+            self._engine.send(AttachDraft())
+
     # --- what /health and status say ----------------------------------------------------------
 
     @property
@@ -318,13 +364,19 @@ class PairWorker:
     def degraded(self) -> bool:
         if self.state in (WorkerState.FAILED, WorkerState.RESTARTING):
             return True
+        if self.memory_watch.dropped:
+            return True
         return self.info is not None and (self.info.degraded or bool(self.incident))
 
     def notes(self) -> list[str]:
-        """What every response of this pair should also say (an earlier engine death)."""
-        if not self.incident or (self.info and self.incident in self.info.draft_unavailable_reason):
-            return []
-        return [self.incident]
+        """What every response of this pair should also say: its draft dropped for memory, an
+        earlier engine death."""
+        out = [self.memory_watch.reason] if self.memory_watch.dropped else []
+        if self.incident and not (
+            self.info and self.incident in self.info.draft_unavailable_reason
+        ):
+            out.append(self.incident)
+        return out
 
     def rolling_accept_rate(self) -> float | None:
         proposed = sum(p for p, _ in self.recent)
@@ -430,6 +482,13 @@ class PairWorker:
         if outcome.stats is not None and outcome.stats.threads:
             self.threads = (outcome.stats.threads, outcome.stats.threads_reason)
         on_done(outcome)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) until the requests this worker holds have ended; new
+        ones go elsewhere (a reload has already replaced or removed it)."""
+        deadline = time.monotonic() + timeout_s
+        while self.pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     async def close(self) -> None:
         """Stop the engine: it finishes the running request, then frees its models."""

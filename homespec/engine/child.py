@@ -35,14 +35,23 @@ from typing import Protocol
 
 from homespec.engine.crashsite import CrashSite
 from homespec.engine.generate import PairRuntime, calibrate, generate_steps, prompt_tokens
-from homespec.engine.loader import Held, LoadedPair, attach_draft, load_pair, probe
+from homespec.engine.loader import (
+    Held,
+    LoadedPair,
+    attach_draft,
+    detach_draft,
+    load_pair,
+    probe,
+)
 from homespec.engine.policy import serving_mode
 from homespec.engine.protocol import (
     AttachDraft,
     Cancel,
     Counted,
     CountPrompt,
+    DetachDraft,
     DraftAttached,
+    DraftDetached,
     EngineInfo,
     Failure,
     Finished,
@@ -122,6 +131,10 @@ class Session(Protocol):
         `idle`."""
         ...
 
+    def detach_draft(self, reason: str, idle: AbstractContextManager[object]) -> None:
+        """Take the draft away inside `idle` and free its memory; requests then say why."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -146,6 +159,9 @@ class LlamaSession:
 
     def attach_draft(self, idle: AbstractContextManager[object]) -> None:
         attach_draft(self.loaded, idle=idle, warm_up=True)
+
+    def detach_draft(self, reason: str, idle: AbstractContextManager[object]) -> None:
+        detach_draft(self.loaded, reason, idle=idle)
 
     def close(self) -> None:
         self.loaded.close()
@@ -209,6 +225,9 @@ class Engine:
             elif isinstance(msg, AttachDraft):
                 loader = threading.Thread(target=self._attach_draft, name="draft", daemon=True)
                 loader.start()
+            elif isinstance(msg, DetachDraft):  # between requests: this thread runs them
+                self.session.detach_draft(msg.reason, self.busy)
+                self.send(DraftDetached(self.session.info()))
             elif msg is CALIBRATE:
                 # On this thread, the one that decodes requests: llama.cpp's CPU threads belong
                 # to the calling thread, and a second team measured twice the real cost here.

@@ -342,3 +342,26 @@ def attach_draft(
         rt.draft_unavailable_reason = ""
     LOG.info("pair %s: draft attached, speculation available", rt.name)
     return True
+
+
+def detach_draft(
+    loaded: LoadedPair, reason: str, *, idle: AbstractContextManager[object] | None = None
+) -> bool:
+    """Take the draft from the runtime (between requests: inside `idle`) and free it, giving
+    its memory back; requests then say `reason`. False when no draft was attached."""
+    rt = loaded.runtime
+    if rt.draft is None:
+        return False
+    with idle or nullcontext():
+        draft_ctx = rt.draft.ctx
+        rt.draft = None
+        rt.draft_unavailable_reason = reason
+    held = loaded.held
+    if isinstance(draft_ctx, LlamaContext) and draft_ctx in held.contexts:
+        held.contexts.remove(draft_ctx)
+        model = draft_ctx.model
+        held.models.remove(model)
+        _close([draft_ctx], [model])
+    held.memory = [c for c in held.memory if c.role != "draft"]
+    LOG.warning("pair %s: draft detached: %s", rt.name, reason)
+    return True

@@ -1,8 +1,9 @@
 """The messages between the daemon and a pair's engine child (pickled over a socket pair).
 
-The daemon sends `Load` once, then `Generate`, `Cancel`, `CountPrompt`, `AttachDraft` and
-`Stop`; the child answers `Loaded` (or `LoadFailed`), then per request one `Steps` per verify
-step and a final `Finished`, and `Counted` / `DraftAttached` as asked. Both sides are homespec
+The daemon sends `Load` once, then `Generate`, `Cancel`, `CountPrompt`, `AttachDraft`,
+`DetachDraft` and `Stop`; the child answers `Loaded` (or `LoadFailed`), then per request one
+`Steps` per verify step and a final `Finished`, and `Counted` / `DraftAttached` /
+`DraftDetached` as asked. Both sides are homespec
 of the same version, started together: pickle is the framing, not a public format.
 
 No llama_cpp here: the daemon imports this module.
@@ -35,6 +36,13 @@ class Load:
 @dataclass(frozen=True)
 class AttachDraft:
     """Load the draft now (the daemon sends this once its queue is quiet)."""
+
+
+@dataclass(frozen=True)
+class DetachDraft:
+    """Free the draft model between requests (memory ran short); requests then say `reason`."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,11 @@ class LoadFailed:
 class DraftAttached:
     info: EngineInfo
     failure: Failure | None = None  # the draft failed to load: n-gram drafting only
+
+
+@dataclass(frozen=True)
+class DraftDetached:
+    info: EngineInfo
 
 
 @dataclass(frozen=True)
