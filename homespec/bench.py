@@ -7,9 +7,11 @@ another run or machine.
 
 Every run starts where a server that just answered some other chat would be: its caches hold
 another conversation (so a run reuses the chat template's opening, as a daemon or llama-server
-does, but nothing of its own prompt), and the n-gram memory holds the workload's earlier
-prompts and answers, never the prompt at hand (it learns each prompt once, from the last of its
-runs, and starts empty at each repeat).
+does, but nothing of its own prompt; a server compared with `--against` is sent that other
+chat before each of its runs too), and the n-gram memory holds the workload's earlier prompts
+and answers, never the prompt at hand (it learns each prompt once, from the last of its runs,
+and starts empty at each repeat; a remote server's memory, e.g. llama-server's ngram-mod,
+cannot be emptied, so with `--repeat` above 1 it has seen the prompt before).
 """
 
 from __future__ import annotations
@@ -189,6 +191,11 @@ def run_bench(
             order = names[shift:] + names[:shift]
             learns = [m for m in order if m not in by_label][-1]
             for mode in order:
+                if mode in by_label:
+                    # As homespec's runs start (_another_chat): the server's cache holds some
+                    # other chat, never this prompt from an earlier repeat.
+                    assert client is not None
+                    warm_up(client, by_label[mode])
                 if by_label:
                     time.sleep(SETTLE_S)
                 if mode in by_label:

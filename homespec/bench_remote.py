@@ -93,7 +93,10 @@ def _stream(
     timings: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
-        with client.stream("POST", remote.endpoint, json=payload) as r:
+        # A fresh connection per request: llama-server may close an idle keep-alive one just
+        # as the next request goes out on it ("Server disconnected without a response").
+        headers = {"Connection": "close"}
+        with client.stream("POST", remote.endpoint, json=payload, headers=headers) as r:
             if r.status_code != 200:
                 r.read()
                 raise RequestError(

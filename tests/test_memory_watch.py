@@ -46,6 +46,13 @@ def test_the_draft_comes_back_only_after_memory_stayed_back() -> None:
     assert watch == DraftWatch()
 
 
+def test_a_draft_that_came_back_another_way_is_watched_again() -> None:
+    """An engine restart loads the draft whatever the watch did: short memory drops it again."""
+    _, watch = step(DraftWatch(), 300 * MiB, loaded=True)
+    action, again = step(watch, 300 * MiB, loaded=True)
+    assert action == "drop" and again.dropped
+
+
 def test_memory_just_above_min_free_does_not_bring_the_draft_back() -> None:
     """Loading it again would put the box straight back under the threshold: hysteresis."""
     _, watch = step(DraftWatch(), 300 * MiB, loaded=True)

@@ -55,6 +55,8 @@ def decide(
     """One sample for one pair: `free` bytes free on `device` (where its draft lives, or
     would), `draft_bytes` what the draft takes there (planned), whether it is loaded now."""
     have = f"{fmt_size(free)} free in {device}"
+    if watch.dropped and draft_loaded:  # back by another way (an engine restart loads it)
+        watch = DraftWatch()
     if not watch.dropped:
         if draft_loaded and free < min_free:
             reason = f"memory: draft dropped ({have}, below min_free {fmt_size(min_free)})"
