@@ -15,8 +15,8 @@ token) to stand for the compute, marking the crash site meanwhile like llama_bac
 
 from __future__ import annotations
 
-import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -116,7 +116,9 @@ class FakeTarget:
             common += 1
         self.site.mark(self.role)
         if self.fault:
-            os.kill(os.getpid(), signal.SIGSEGV)
+            # To this thread, as a real segfault is: a signal to the process may be handled by
+            # another thread after this one has already cleared the crash site (seen under load).
+            signal.pthread_kill(threading.get_ident(), signal.SIGSEGV)
         time.sleep(self.decode_s + self.token_s * (len(history) - common))
         self.site.mark(Site.IDLE)
         self.tokens = list(history)

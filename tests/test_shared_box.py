@@ -287,6 +287,7 @@ def test_reload_keeps_what_did_not_change_restarts_what_did_and_refuses_a_bad_co
         assert result.exit_code == 2 and "pairs.smollm2.n_ctx" in result.stderr, result.output
         assert "Traceback" not in result.output
         # A missing model file: refused too.
+        write()
         cfg.write_text(cfg.read_text().replace(str(draft), str(tmp_path / "gone.gguf")))
         r = d.post("/homespec/reload")
         assert r.status_code == 400 and "gone.gguf" in r.json()["error"]["message"]
