@@ -342,3 +342,15 @@ def test_a_damaged_model_file_is_a_clean_error_that_names_it(tmp_path: Path, dam
     code, out, err = invoke("ask", "--local", "hi", "--config", str(cfg))
     assert code == 2, out + err
     assert_clean_error(code, out, err, "bad.gguf")
+
+
+@pytest.mark.parametrize("model", ["gpt-3.5-turbo", "../../../etc/passwd", "/dev/zero", "💥" * 40])
+def test_an_unknown_or_path_like_model_name_is_served_by_the_default_pair_and_said(
+    daemon: Daemon, model: str
+) -> None:
+    """By design (README): a `model` that names no pair is served by the default pair and the
+    response says so; it is a name, never a path that is opened."""
+    r = daemon.post(CHAT, {**chat(max_tokens=4), "model": model})
+    assert r.status_code == 200, r.text
+    notes = r.json()["homespec"]["notes"]
+    assert notes == [f"model {model!r} is not a pair here: served by the default pair 'smollm2'"]

@@ -67,7 +67,7 @@ class ModelDrafter:
             else:
                 q = distribution(logits, params)
                 token = sample(q, rng)
-                if self.p_min > 0.0 and tokens and float(q.max()) < self.p_min:
+                if self.p_min > 0.0 and tokens and float(np.max(q)) < self.p_min:
                     break
                 probs.append(q)
             tokens.append(token)

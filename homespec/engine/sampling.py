@@ -34,7 +34,7 @@ def distribution(logits: Logits, params: SamplingParams) -> Probs:
     if 0 < params.top_k < z.size:
         kth = np.partition(z, -params.top_k)[-params.top_k]
         z = np.where(z >= kth, z, -np.inf)
-    z -= z.max()
+    z -= np.max(z)
     p = np.exp(z)
     p /= p.sum()
     if params.top_p < 1.0:
