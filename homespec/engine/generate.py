@@ -52,7 +52,7 @@ class PairRuntime:
     threads: ThreadAdapter | None = None  # adapts llama.cpp's CPU threads to the neighbours
 
     def clear_caches(self) -> None:
-        """Drop cached prompt prefixes (the bench does this so every run pays its prompt)."""
+        """Drop cached prompt prefixes (the bench starts each run from another chat with this)."""
         self.target.clear()
         if self.draft is not None:
             self.draft.ctx.clear()
