@@ -432,3 +432,27 @@ def test_unknown_model_is_a_404_listing_pairs_when_the_manifest_says_so(tmp_path
         service.resolve("gpt-4o")
     with pytest.raises(UnknownModel, match="pair 'smollm2-ngram' is not loaded"):
         service.resolve("smollm2-ngram")
+
+
+def test_what_the_governor_learned_survives_a_daemon_restart(tmp_path: Path) -> None:
+    """Acceptance per task is saved in the state dir after each request (whole file, renamed
+    into place) and restored when the pair's engine starts again."""
+    body = {
+        "messages": [{"role": "user", "content": "forever the governor learns."}],
+        "max_tokens": 60,
+        "task": "code",
+    }
+    d = fake_daemon(tmp_path, env={"HOMESPEC_FAKE_DECODE_S": "0"})
+    try:
+        assert d.post(CHAT, body).status_code == 200
+    finally:
+        d.stop()
+    files = list(d.state_dir.glob("governor-smollm2-*.json"))
+    assert len(files) == 1, list(d.state_dir.iterdir())
+    state = json.loads(files[0].read_text())
+    assert "code" in state["tasks"] and not list(d.state_dir.glob(".*.tmp"))
+    again = fake_daemon(tmp_path, env={"HOMESPEC_FAKE_DECODE_S": "0"})
+    try:
+        assert "governor: acceptance for 1 task(s) restored from" in again.log()
+    finally:
+        again.stop()

@@ -123,6 +123,7 @@ class Daemon:
             max_queue=manifest.spec.server.max_queue,
             machine_for=self._machine_for,
             on_ready=self._on_ready,
+            state_dir=self.config.state_dir,
         )
 
     def start(self) -> None:

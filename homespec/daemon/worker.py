@@ -18,6 +18,7 @@ layer answers 503 with Retry-After) rather than queued without bound.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import time
@@ -25,6 +26,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 from homespec import errors
 from homespec.daemon.crashes import EngineDeath, recover
@@ -97,6 +99,14 @@ def raise_failure(f: Failure) -> None:
     raise cls(f.what, f.hint)
 
 
+def learned_name(manifest: Manifest, pair: str) -> str:
+    _, spec = manifest.pair(pair)
+    files = [
+        str(manifest.model_path(m)) for m in (spec.target, spec.draft) if m in manifest.spec.models
+    ]
+    return f"governor-{pair}-{hashlib.sha256('|'.join(files).encode()).hexdigest()[:8]}.json"
+
+
 class PairWorker:
     def __init__(
         self,
@@ -106,11 +116,15 @@ class PairWorker:
         max_queue: int,
         machine_for: Callable[[PairWorker], Machine | None],
         on_ready: Callable[[PairWorker], None] | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         """`machine_for(worker)`: what to plan this pair on at each (re)start, i.e. the
         daemon's first probe less what its other pairs hold; None lets the engine probe."""
         self.manifest = manifest
         self.machine_for = machine_for
+        # What the governor learned, kept across engine and daemon restarts, per pair and
+        # model files (other models would have other acceptance).
+        self.learned_file = state_dir / learned_name(manifest, name) if state_dir else None
         self.name = name
         self.max_queue = max_queue
         self.on_ready = on_ready
@@ -166,7 +180,10 @@ class PairWorker:
         self._engine = EngineProcess(self.name, loop, self._on_message, self._on_exit)
         self._spawned_at = time.perf_counter()
         machine = self.machine_for(self)
-        self._engine.start(Load(self.manifest, self.name, machine, self.without_draft))
+        learned = str(self.learned_file) if self.learned_file else ""
+        self._engine.start(
+            Load(self.manifest, self.name, machine, self.without_draft, learned_file=learned)
+        )
 
     def _on_message(self, msg: object) -> None:
         if isinstance(msg, Steps | Finished):

@@ -31,10 +31,13 @@ import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Protocol
 
 from homespec.engine.crashsite import CrashSite
 from homespec.engine.generate import PairRuntime, calibrate, generate_steps, prompt_tokens
+from homespec.engine.learned import restore as restore_learned
+from homespec.engine.learned import save as save_learned
 from homespec.engine.loader import (
     Held,
     LoadedPair,
@@ -216,12 +219,17 @@ class Engine:
                 LOG.exception("pair %s failed to load", load.pair)
             self.send(LoadFailed(failure(exc)))
             return 1
+        learned = Path(load.learned_file) if load.learned_file else None
+        if learned is not None:
+            restore_learned(self.session.runtime.ledger, learned)
         self.send(Loaded(self.session.info(), probed))
         threading.Thread(target=self._read, name="engine-reader", daemon=True).start()
         while True:
             msg = self.work.get()
             if isinstance(msg, Generate):
                 self._generate(msg)
+                if learned is not None:  # small, atomic: a kill never loses more than a request
+                    save_learned(self.session.runtime.ledger, learned)
             elif isinstance(msg, AttachDraft):
                 loader = threading.Thread(target=self._attach_draft, name="draft", daemon=True)
                 loader.start()

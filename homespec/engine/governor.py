@@ -28,7 +28,7 @@ import bisect
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Option = Literal["none", "ngram", "model"]
 MAX_K = 64
@@ -46,6 +46,8 @@ DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a targe
 # bucket holds matches of at least that many tokens; its prior says so until measured.
 MATCH_BUCKETS = (2, 4, 8, 16, 32)
 MATCH_PRIORS = {2: 0.6, 4: 0.65, 8: 0.75, 16: 0.85, 32: 0.9}  # optimistic: tried, then learned
+STATE_VERSION = 1  # of Ledger.acceptance_state()
+KNOWN_KEYS = {"model", *(f"ngram@{b}" for b in MATCH_BUCKETS)}  # Ledger.by_task's keys
 
 
 def match_bucket(match_len: int) -> int:
@@ -287,6 +289,47 @@ class Ledger:
         if "model" not in table:
             table["model"] = Acceptance()
         return {"ngram": table[key], "model": table["model"]}
+
+    def acceptance_state(self) -> dict[str, Any]:
+        """What was learned about acceptance, as JSON-able data (kept across restarts; costs
+        are not: they are measured again at every load)."""
+        return {
+            "version": STATE_VERSION,
+            "tasks": {
+                "" if task is None else task: {
+                    key: {"tries": acc.tries, "kept": acc.kept, "prior": acc.prior}
+                    for key, acc in table.items()
+                }
+                for task, table in self.by_task.items()
+            },
+        }
+
+    def restore_acceptance(self, state: Any) -> int:
+        """Take back what `acceptance_state` gave (tasks already learned in this process win);
+        the number of tasks restored. Anything malformed is skipped, never trusted."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            return 0
+        tasks = state.get("tasks")
+        restored = 0
+        for name, table in (tasks if isinstance(tasks, dict) else {}).items():
+            task = name or None
+            if task in self.by_task or not isinstance(table, dict):
+                continue
+            accs = {}
+            for key, raw in table.items():
+                try:
+                    tries = [max(0.0, float(x)) for x in raw["tries"]][:MAX_K]
+                    kept = [max(0.0, float(x)) for x in raw["kept"]][:MAX_K]
+                    prior = min(1.0, max(0.0, float(raw["prior"])))
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if len(tries) == len(kept) == MAX_K and key in KNOWN_KEYS:
+                    kept = [min(k, t) for k, t in zip(kept, tries, strict=True)]
+                    accs[key] = Acceptance(tries, kept, prior)
+            if accs:
+                self.by_task[task] = accs
+                restored += 1
+        return restored
 
     def observe_draft(self, tokens: int, ms: float) -> None:
         if tokens > 0:

@@ -31,6 +31,7 @@ class Load:
     # child probes (the daemon's first pair; the daemon itself never loads llama.cpp).
     machine: Machine | None
     without_draft: str = ""  # non-empty: load no draft model, for this reason
+    learned_file: str = ""  # the governor's acceptance across restarts (engine/learned.py)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,42 @@
+"""What the governor learned about acceptance, kept in a small JSON file across engine
+restarts (the daemon's state dir, one file per pair), so a restarted pair drafts from what it
+knew instead of from priors. Written whole to a temporary file and renamed over the old one:
+a crash mid-write leaves the previous file, never half a file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from homespec.engine.governor import Ledger
+
+LOG = logging.getLogger("homespec.engine")
+
+
+def restore(ledger: Ledger, path: Path) -> int:
+    """Tasks restored from `path` (0 when there is no file or it cannot be used: said)."""
+    try:
+        state: Any = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError) as exc:
+        LOG.warning("governor: cannot use %s (%s); starting from priors", path, exc)
+        return 0
+    n = ledger.restore_acceptance(state)
+    if n:
+        LOG.info("governor: acceptance for %d task(s) restored from %s", n, path)
+    return n
+
+
+def save(ledger: Ledger, path: Path) -> None:
+    """Write atomically; a failure is logged, never raised (serving matters more)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(ledger.acceptance_state()), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        LOG.warning("governor: cannot save %s (%s)", path, exc)
+        tmp.unlink(missing_ok=True)
