@@ -6,6 +6,7 @@ import pytest
 
 from homespec.engine.governor import (
     EXPLORE_EVERY,
+    MAX_TASKS,
     Acceptance,
     CostCurve,
     Inputs,
@@ -225,3 +226,12 @@ def test_a_damaged_or_foreign_state_is_never_trusted() -> None:
     live = Ledger()
     live.acceptance("code")["model"].record(4, 0)
     assert live.restore_acceptance(state) == 0
+
+
+def test_the_task_table_is_bounded_and_forgets_the_least_recently_used() -> None:
+    ledger = Ledger()
+    for i in range(MAX_TASKS + 10):
+        ledger.acceptance(f"t{i}")
+        ledger.acceptance("kept")  # used all along
+    assert len(ledger.by_task) == MAX_TASKS and "kept" in ledger.by_task
+    assert "t0" not in ledger.by_task and f"t{MAX_TASKS + 9}" in ledger.by_task

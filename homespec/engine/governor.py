@@ -47,6 +47,7 @@ DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a targe
 MATCH_BUCKETS = (2, 4, 8, 16, 32)
 MATCH_PRIORS = {2: 0.6, 4: 0.65, 8: 0.75, 16: 0.85, 32: 0.9}  # optimistic: tried, then learned
 STATE_VERSION = 1  # of Ledger.acceptance_state()
+MAX_TASKS = 64  # task names are the client's: a bounded table
 KNOWN_KEYS = {"model", *(f"ngram@{b}" for b in MATCH_BUCKETS)}  # Ledger.by_task's keys
 
 
@@ -280,8 +281,14 @@ class Ledger:
         self.last_used[option] = self.steps
 
     def acceptance(self, task: str | None, match_len: int = 0) -> dict[Option, Acceptance]:
-        """The task's acceptance for the draft model and for an n-gram match this long."""
-        table = self.by_task.setdefault(task, {})
+        """The task's acceptance for the draft model and for an n-gram match this long. At
+        most MAX_TASKS tasks are kept (a client names tasks): the least recently used goes."""
+        table = self.by_task.pop(task, None)
+        if table is None:
+            table = {}
+            while len(self.by_task) >= MAX_TASKS:
+                del self.by_task[next(iter(self.by_task))]
+        self.by_task[task] = table  # now the most recently used
         bucket = match_bucket(match_len)
         key = f"ngram@{bucket}"
         if key not in table:
@@ -326,7 +333,7 @@ class Ledger:
                 if len(tries) == len(kept) == MAX_K and key in KNOWN_KEYS:
                     kept = [min(k, t) for k, t in zip(kept, tries, strict=True)]
                     accs[key] = Acceptance(tries, kept, prior)
-            if accs:
+            if accs and len(self.by_task) < MAX_TASKS:
                 self.by_task[task] = accs
                 restored += 1
         return restored
