@@ -34,25 +34,21 @@ class DaemonClient:
         except (httpx.HTTPError, ValueError):
             return None
 
-    def get(self, path: str) -> dict[str, Any]:
+    def _send(self, method: str, path: str, timeout: float) -> httpx.Response:
         try:
-            r = httpx.get(f"{self.url}{path}", headers=self.headers, timeout=10)
+            return httpx.request(method, f"{self.url}{path}", headers=self.headers, timeout=timeout)
         except httpx.HTTPError as exc:
             raise DaemonUnavailable(
                 f"no homespec daemon answers at {self.url} ({exc})",
                 "start one with `homespec serve` (or set HOMESPEC_URL / --url)",
             ) from None
-        return _json_or_raise(r)
+
+    def get(self, path: str) -> dict[str, Any]:
+        return _json_or_raise(self._send("GET", path, 10))
 
     def post(self, path: str, timeout: float = 60) -> tuple[int, dict[str, Any]]:
         """POST without a body: the status code and the JSON answer (errors included)."""
-        try:
-            r = httpx.post(f"{self.url}{path}", headers=self.headers, timeout=timeout)
-        except httpx.HTTPError as exc:
-            raise DaemonUnavailable(
-                f"no homespec daemon answers at {self.url} ({exc})",
-                "start one with `homespec serve` (or set HOMESPEC_URL / --url)",
-            ) from None
+        r = self._send("POST", path, timeout)
         if r.status_code > 400:  # 400: the answer says what was wrong with the request
             _json_or_raise(r)
         try:

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from homespec.engine.protocol import EngineInfo
+from homespec.resources import RAM
 from homespec.sizes import fmt_size
 
 CALM_SAMPLES = 3  # samples in a row with room to spare before a dropped draft comes back
@@ -41,6 +43,16 @@ class Verdict:
     action: Action
     watch: DraftWatch
     why: str  # for the log: what was measured and decided
+
+
+def draft_site(info: EngineInfo) -> tuple[str, int]:
+    """Where a pair's draft lives (its GPU, or RAM) and what it takes there: the plan's
+    figure, or what was measured when it loaded where that is more."""
+    a = info.plan.arrangement
+    device = a.gpu if a.gpu is not None and a.draft_gpu_layers not in (None, 0) else RAM
+    planned = sum(u.draft_weights + u.draft_kv for u in info.plan.devices if u.device == device)
+    measured = [c.measured.get(device, 0) for c in info.memory if c.role == "draft"]
+    return device, max([planned, *measured])
 
 
 def decide(

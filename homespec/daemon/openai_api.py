@@ -217,7 +217,9 @@ def homespec_extra(stats: GenerationStats | None, pair: str, notes: list[str]) -
     if stats is not None:
         out.update(stats.to_dict())
     if notes:
-        out["reason"] = "; ".join([*notes, out.get("reason", "")]).rstrip("; ")
+        reason = out.get("reason", "")
+        said = [n for n in notes if n not in reason]  # e.g. the draft's absence, said by the engine
+        out["reason"] = "; ".join([*said, reason]).rstrip("; ")
         out["notes"] = notes
     return out
 

@@ -18,7 +18,6 @@ layer answers 503 with Retry-After) rather than queued without bound.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
 import time
@@ -31,7 +30,8 @@ from pathlib import Path
 from homespec import errors
 from homespec.daemon.crashes import EngineDeath, recover
 from homespec.daemon.engine import EngineProcess
-from homespec.daemon.memory_watch import DraftWatch, decide
+from homespec.daemon.memory_watch import DraftWatch, decide, draft_site
+from homespec.engine import learned
 from homespec.engine.crashsite import Site
 from homespec.engine.protocol import (
     AttachDraft,
@@ -53,7 +53,7 @@ from homespec.engine.protocol import (
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
 from homespec.errors import EngineCrashed, HomespecError, QueueFull, RequestError
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
-from homespec.resources import RAM, Machine
+from homespec.resources import Machine
 from homespec.vocab import PairMode
 
 LOG = logging.getLogger("homespec.daemon")
@@ -99,14 +99,6 @@ def raise_failure(f: Failure) -> None:
     raise cls(f.what, f.hint)
 
 
-def learned_name(manifest: Manifest, pair: str) -> str:
-    _, spec = manifest.pair(pair)
-    files = [
-        str(manifest.model_path(m)) for m in (spec.target, spec.draft) if m in manifest.spec.models
-    ]
-    return f"governor-{pair}-{hashlib.sha256('|'.join(files).encode()).hexdigest()[:8]}.json"
-
-
 class PairWorker:
     def __init__(
         self,
@@ -124,7 +116,7 @@ class PairWorker:
         self.machine_for = machine_for
         # What the governor learned, kept across engine and daemon restarts, per pair and
         # model files (other models would have other acceptance).
-        self.learned_file = state_dir / learned_name(manifest, name) if state_dir else None
+        self.learned_file = state_dir / learned.file_name(manifest, name) if state_dir else None
         self.name = name
         self.max_queue = max_queue
         self.on_ready = on_ready
@@ -323,19 +315,13 @@ class PairWorker:
         info = self.info
         if self.state != WorkerState.READY or info is None or self._engine is None:
             return
-        a = info.plan.arrangement
-        on_gpu = a.gpu is not None and a.draft_gpu_layers not in (None, 0)
-        device = a.gpu if on_gpu and a.gpu else RAM
-        planned = sum(u.draft_weights + u.draft_kv for u in info.plan.devices if u.device == device)
-        measured = max(
-            (c.measured.get(device, 0) for c in info.memory if c.role == "draft"), default=0
-        )
+        device, draft_bytes = draft_site(info)
         verdict = decide(
             self.memory_watch,
             device=device,
             free=machine.free(device),
             min_free=min_free,
-            draft_bytes=max(planned, measured),
+            draft_bytes=draft_bytes,
             draft_loaded=info.draft_loaded,
         )
         self.memory_watch = verdict.watch

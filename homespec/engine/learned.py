@@ -5,6 +5,7 @@ a crash mid-write leaves the previous file, never half a file."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -12,8 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from homespec.engine.governor import Ledger
+from homespec.manifest import Manifest
 
 LOG = logging.getLogger("homespec.engine")
+
+
+def file_name(manifest: Manifest, pair: str) -> str:
+    """One file per pair and model files (other models would have other acceptance)."""
+    _, spec = manifest.pair(pair)
+    models = [m for m in (spec.target, spec.draft) if m in manifest.spec.models]
+    files = "|".join(str(manifest.model_path(m)) for m in models)
+    return f"governor-{pair}-{hashlib.sha256(files.encode()).hexdigest()[:8]}.json"
 
 
 def restore(ledger: Ledger, path: Path) -> int:
