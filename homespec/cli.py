@@ -25,6 +25,7 @@ from homespec.cli_common import (
     stats_line,
 )
 from homespec.cli_daemon import reload, report, serve, status
+from homespec.cli_worker import worker
 from homespec.vocab import DRAFTERS
 
 
@@ -308,6 +309,10 @@ def doctor(
     for name in names:
         manifest.pair(name)  # an unknown --pair is an error before any probing
     machine = machine_budgets(manifest, probe())
+    if manifest.spec.workers:
+        from homespec.workers import attach
+
+        machine = attach(machine, manifest, manifest.spec.workers)
     required = doc.required_pairs(manifest, list(pairs))
     reports = [doc.check_pair(manifest, n, machine, required=n in required) for n in names]
     if not plan_only:
@@ -339,7 +344,7 @@ def doctor(
             else:
                 click.echo(f"{r.name}: cannot run: {r.error}")
     else:
-        click.echo(doc.render(machine, reports))
+        click.echo(doc.render(machine, reports, manifest))
     sys.exit(code)
 
 
@@ -383,7 +388,7 @@ def derive_cmd(src: Path, dst: Path, file_type: str, force: bool) -> None:
     derive(src, dst, file_type, report=err, force=force)
 
 
-for _command in (serve, status, report, reload):
+for _command in (serve, status, report, reload, worker):
     cli.add_command(_command)
 
 

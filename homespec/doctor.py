@@ -23,6 +23,7 @@ from homespec.pairs import inspect_pair, plan
 from homespec.planner import PairPlan
 from homespec.resources import Machine
 from homespec.sizes import fmt_size
+from homespec.workers import public_bind, split_endpoint
 
 OK, DEGRADED, BROKEN = 0, 1, 2
 STATUS = {OK: "ok", DEGRADED: "degraded", BROKEN: "cannot run"}
@@ -173,6 +174,20 @@ def machine_dict(m: Machine) -> dict[str, Any]:
             "cgroup_used": m.ram.cgroup_used,
         },
         "budgets": dict(m.budgets),
+        "workers": {
+            "devices": [
+                {
+                    "device": r.device,
+                    "worker": r.worker,
+                    "endpoint": r.endpoint,
+                    "total": r.total,
+                    "free": r.free,
+                    "budget": r.budget,
+                }
+                for r in m.remotes
+            ],
+            "down": dict(m.workers_down),
+        },
         "cpu_threads": m.cpu_threads,
         "notes": list(m.notes),
     }
@@ -219,6 +234,34 @@ def render_machine(m: Machine) -> list[str]:
         lines.append(f"  budget {device:<12} {fmt_size(budget)} (homespec plans no more there)")
     lines.append(f"  CPU threads         {m.cpu_threads}")
     lines += [f"  note: {n}" for n in m.notes]
+    return lines
+
+
+def render_workers(manifest: Manifest, m: Machine) -> list[str]:
+    """The RPC workers models.toml declares: reachable or why not, devices, memory, exposure."""
+    if not manifest.spec.workers:
+        return []
+    lines = ["workers (llama.cpp RPC, `homespec worker` on each box)"]
+    for name, spec in sorted(manifest.spec.workers.items()):
+        devices = [r for r in m.remotes if r.worker == name]
+        if not devices:
+            why = m.workers_down.get(name, "not probed")
+            lines.append(f"  {name:<19} {spec.endpoint}: DOWN: {why}")
+        for r in devices:
+            cap = f", budget {fmt_size(r.budget)}" if r.budget is not None else ""
+            lines.append(
+                f"  {r.device:<19} {spec.endpoint}: {fmt_size(r.total)} total, "
+                f"{fmt_size(r.free)} free{cap}"
+            )
+        exposed = public_bind(split_endpoint(spec.endpoint)[0])
+        if exposed:
+            lines.append(
+                f"  {'':<19} WARNING: {exposed}: llama.cpp's RPC has no authentication; keep "
+                "workers on loopback or a private network"
+            )
+    lines.append(
+        "  note: a CPU worker reports its whole RAM as free (llama.cpp): give it a budget"
+    )
     return lines
 
 
@@ -310,8 +353,11 @@ def render_memory(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def render(machine: Machine, reports: list[PairReport]) -> str:
+def render(machine: Machine, reports: list[PairReport], manifest: Manifest) -> str:
     lines = render_machine(machine)
+    workers = render_workers(manifest, machine)
+    if workers:
+        lines += ["", *workers]
     for r in reports:
         lines += ["", *render_pair(r)]
     code = exit_code(reports)

@@ -136,6 +136,12 @@ class PairSpec(_Strict):
         "0 = CPU only, N = at most N; ignored without a GPU build of llama.cpp",
     )
     draft_gpu_layers: int = Field(-1, ge=-1, description="the same for the draft model")
+    target_workers: list[Name] = Field(
+        default_factory=list,
+        description="RPC workers ([workers]) the target's layers may spread over, with this "
+        "box's own memory; the draft stays on this box (a draft across the network pays a "
+        "round trip per token). A worker that does not answer is planned without, and said",
+    )
     n_ctx_min: int | None = Field(
         None,
         ge=64,
@@ -216,6 +222,32 @@ class MemorySpec(_Strict):
         return self
 
 
+class WorkerSpec(_Strict):
+    """`[workers.NAME]`: another box running `homespec worker` (llama.cpp's RPC server)."""
+
+    endpoint: str = Field(
+        description='"HOST:PORT" of its `homespec worker`, e.g. "192.168.1.20:50052"'
+    )
+    budget: str | None = Field(
+        None, description='the most homespec plans to use on each of its devices, e.g. "20GiB"'
+    )
+    connect_timeout_s: float = Field(
+        3.0, gt=0, le=60, description="how long a probe waits for it before planning without it"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkerSpec:
+        from homespec.workers import split_endpoint
+
+        split_endpoint(self.endpoint)
+        if self.budget is not None:
+            try:
+                parse_size(self.budget)
+            except ValueError as exc:
+                raise ValueError(f"budget: {exc}") from None
+        return self
+
+
 class ServerSpec(_Strict):
     """`[server]`: how `homespec serve` answers."""
 
@@ -250,6 +282,7 @@ class ManifestSpec(_Strict):
     default_pair: Name | None = None
     models: dict[Name, ModelSpec] = Field(default_factory=dict)
     pairs: dict[Name, PairSpec]
+    workers: dict[Name, WorkerSpec] = Field(default_factory=dict)
     memory: MemorySpec = Field(default_factory=lambda: MemorySpec())
     server: ServerSpec = Field(default_factory=lambda: ServerSpec())
 
@@ -269,6 +302,11 @@ class ManifestSpec(_Strict):
                     f"pairs.{name}.draft: {pair.draft!r} is the target itself: a draft as "
                     f'costly as the target never pays (use a smaller model or "{NGRAM}")'
                 )
+            for worker in pair.target_workers:
+                if worker not in self.workers:
+                    problems.append(f"pairs.{name}.target_workers: no worker named {worker!r}")
+            if len(set(pair.target_workers)) != len(pair.target_workers):
+                problems.append(f"pairs.{name}.target_workers: a worker is listed twice")
         for name, model in sorted(self.models.items()):
             if model.derive and model.derive.from_ not in self.models:
                 problems.append(f"models.{name}.derive.from: no model named {model.derive.from_!r}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from homespec.gguf_meta import GGUFInfo, check_pair, read_gguf
 from homespec.integrity import verify_sha256
-from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT, Manifest
+from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT, Manifest, PairSpec
 from homespec.planner import PairPlan, PairRequest, plan_pair
 from homespec.resources import Machine, budgets_from
 from homespec.vocab import PlanMode
@@ -71,6 +71,12 @@ def plan_request(manifest: Manifest, files: PairFiles) -> PairRequest:
     )
 
 
+def with_workers(req: PairRequest, pair: PairSpec, machine: Machine) -> PairRequest:
+    """The request with the reachable devices of the pair's target_workers, in their order."""
+    devices = tuple(r.device for w in pair.target_workers for r in machine.remotes if r.worker == w)
+    return replace(req, remote_devices=devices)
+
+
 def machine_budgets(manifest: Manifest, machine: Machine) -> Machine:
     """The machine as the planner may use it: the manifest's and the env's budgets applied."""
     return machine.with_budgets(budgets_from(manifest.spec.memory.budget, str(manifest.path)))
@@ -78,9 +84,19 @@ def machine_budgets(manifest: Manifest, machine: Machine) -> Machine:
 
 def plan(manifest: Manifest, files: PairFiles, machine: Machine) -> PairPlan:
     """The pair's plan on this machine (budgets applied), with notes on what it ignores."""
-    p = plan_pair(plan_request(manifest, files), machine_budgets(manifest, machine))
     _, pair = manifest.pair(files.name)
+    req = with_workers(plan_request(manifest, files), pair, machine)
+    p = plan_pair(req, machine_budgets(manifest, machine))
     notes = list(p.notes)
+    down = [w for w in pair.target_workers if not any(r.worker == w for r in machine.remotes)]
+    if down:
+        why = "; ".join(
+            f"worker {w} ({manifest.spec.workers[w].endpoint}) "
+            f"{machine.workers_down.get(w, 'not probed')}"
+            for w in down
+        )
+        p = replace(p, reason=f"{why}: planned without it. {p.reason}", degraded=True)
+        notes.append(why)
     trained = files.target.context_length
     if trained and pair.n_ctx > trained:
         notes.append(

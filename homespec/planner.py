@@ -33,6 +33,7 @@ HOST_OVERHEAD_PER_TOKEN = 80  # bytes per vocabulary entry (measured: 49k and 26
 ESTIMATE_MARGIN = 0.10  # added to every device's estimate
 RAM_RESERVE = 256 * MiB  # left free for the OS and the rest of the process
 GPU_RESERVE = 1 * GiB  # left free per GPU: driver, display, others (llama.cpp's fitter keeps 1 GiB)
+REMOTE_RESERVE = 512 * MiB  # left free per RPC worker device (its OS, its rpc buffers)
 # What a process pays once for using a CUDA GPU at all, before any model: the CUDA context and
 # the math libraries' workspaces on the card, and the libraries' host mappings in RAM. Measured
 # on one H100 (CUDA 13.0, driver 580) as what the first model's NVML and RSS deltas held beyond
@@ -72,6 +73,20 @@ def kv_cells(n_ctx: int) -> int:
     return -(-n_ctx // KV_CELL_PAD) * KV_CELL_PAD
 
 
+def layer_devices(
+    n_layer: int, offload: tuple[tuple[str, int], ...] | list[tuple[str, int]]
+) -> list[str]:
+    """The device of each of the model's n_layer + 1 layers (the last one is the output), as
+    llama.cpp assigns them: `offload` lists the devices in llama.cpp's order with how many layers
+    each takes (their sum is n_gpu_layers); the last layers go to them in that order, the
+    others stay in RAM. llama.cpp counts the output as a layer and offloads it first."""
+    n = min(sum(c for _, c in offload), n_layer + 1)
+    out = [RAM] * (n_layer + 1 - n)
+    for device, count in offload:
+        out += [device] * count
+    return out[: n_layer + 1]
+
+
 def estimate(
     info: GGUFInfo,
     *,
@@ -80,26 +95,32 @@ def estimate(
     gpu_layers: int = 0,
     gpu: str | None = None,
     n_ubatch: int = N_UBATCH,
+    remote: tuple[tuple[str, int], ...] = (),
 ) -> Footprint:
-    """Bytes per device for one model and its context. `gpu_layers` counts from the last layer;
-    more than the model's layers (or -1) puts the output matrix on the GPU too."""
+    """Bytes per device for one model and its context. `gpu_layers` is llama.cpp's n_gpu_layers
+    for the local GPU (-1: all, the output included); `remote` gives RPC devices their layers
+    first (llama.cpp puts RPC devices before local GPUs)."""
     n_layer = info.block_count
-    on_gpu = 0 if gpu is None else (n_layer + 1 if gpu_layers < 0 else min(gpu_layers, n_layer + 1))
-    gpu_dev = gpu or RAM
+    taken = sum(c for _, c in remote)
+    local = 0
+    if gpu is not None:
+        local = n_layer + 1 - taken if gpu_layers < 0 else min(gpu_layers, n_layer + 1 - taken)
+    offload = [*remote, *([(gpu, local)] if gpu is not None and local > 0 else [])]
+    where = layer_devices(n_layer, offload)
     w: dict[str, int] = {}
     kv: dict[str, int] = {}
     compute: dict[str, int] = {}
-    first_gpu_layer = n_layer - min(on_gpu, n_layer)
     cells = kv_cells(n_ctx)
     for i, layer_bytes in enumerate(info.layer_bytes):
-        device = gpu_dev if i >= first_gpu_layer else RAM
-        _add(w, device, layer_bytes)
+        _add(w, where[i], layer_bytes)
         n_kv = info.n_head_kv[i] if i < len(info.n_head_kv) else 0
         _add(
-            kv, device, n_kv * (info.key_length + info.value_length) * KV_BYTES_PER_ELEMENT * cells
+            kv,
+            where[i],
+            n_kv * (info.key_length + info.value_length) * KV_BYTES_PER_ELEMENT * cells,
         )
     _add(w, RAM, info.embd_bytes)
-    output_device = gpu_dev if on_gpu > n_layer else RAM
+    output_device = where[n_layer]
     if info.output_bytes:
         _add(w, output_device, info.output_bytes)
     elif output_device != RAM:  # tied: llama.cpp copies the embedding to the output's device
@@ -111,14 +132,19 @@ def estimate(
         ubatch * kv_cells_used * max(info.n_head, 1) * 4 * KQ_FACTOR
         + ubatch * kv_cells_used * 4 * (2 if info.sliding_window else 1)
         + ubatch * 4 * ACTIVATION_ROWS * (info.embedding_length + info.n_ff)
-        + n_outputs * info.vocab_size * 4
     )
-    compute_device = gpu_dev if on_gpu else RAM
-    _add(compute, compute_device, graph)
+    logits = n_outputs * info.vocab_size * 4
+    # One compute buffer per backend that runs layers: the local one (the GPU when it holds
+    # any, else the CPU) with the logits, and each RPC device that holds layers.
+    compute_device = gpu if gpu is not None and local > 0 else RAM
+    _add(compute, compute_device, graph + (logits if output_device == compute_device else 0))
+    for device, count in remote:
+        if count:
+            _add(compute, device, graph + (logits if output_device == device else 0))
     # Host side: vocabulary and caches, the logits output buffer, the input embeddings.
     host = HOST_OVERHEAD + HOST_OVERHEAD_PER_TOKEN * info.vocab_size
     host += n_outputs * info.vocab_size * 4
-    if compute_device != RAM:
+    if output_device != RAM:
         host += ubatch * info.embedding_length * 4 * 2
     _add(compute, RAM, host)
     return Footprint(w, kv, compute)
@@ -179,6 +205,8 @@ class Arrangement:
     draft_gpu_layers: int | None = None  # None: the draft is not loaded
     gpu: str | None = None
     n_outputs: int = 1  # logits positions per target decode (draft_tokens + 1 when speculating)
+    # RPC worker devices and the target layers each takes (llama.cpp's order; "split" rung)
+    remote: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -225,6 +253,7 @@ class PairPlan:
             "draft_gpu_layers": a.draft_gpu_layers,
             "draft_loaded": a.draft_gpu_layers is not None,
             "gpu": a.gpu,
+            "remote_layers": dict(a.remote),
             "n_outputs": a.n_outputs,
             "devices": [d.to_dict() for d in self.devices],
             "notes": list(self.notes),
@@ -244,6 +273,7 @@ class PairRequest:
     n_outputs: int  # logits positions a verify step needs
     gpu_layers: int = -1  # -1: as many as fit; 0: CPU only; N: at most N
     draft_gpu_layers: int = -1
+    remote_devices: tuple[str, ...] = ()  # reachable devices of the pair's target_workers
 
 
 def uses_gpu(a: Arrangement, role: str) -> bool:
@@ -272,6 +302,8 @@ def _use(
         compute = target.compute.get(dev, 0) + d.compute.get(dev, 0)
         need = target.on(dev) + d.on(dev)
         reserve = RAM_RESERVE if dev == RAM else GPU_RESERVE
+        if dev.startswith("rpc:"):
+            reserve = REMOTE_RESERVE
         free = machine.free(dev, reserve)
         uses.append(
             DeviceUse(
@@ -300,6 +332,7 @@ def evaluate(req: PairRequest, machine: Machine, a: Arrangement) -> tuple[Device
         n_outputs=a.n_outputs,
         gpu_layers=a.target_gpu_layers,
         gpu=a.gpu,
+        remote=a.remote,
     )
     draft = None
     if a.draft_gpu_layers is not None and req.draft is not None:
@@ -316,6 +349,66 @@ def _best_gpu(machine: Machine) -> Gpu | None:
 
 def candidates(req: PairRequest, machine: Machine) -> list[Arrangement]:
     """The ladder for this pair on this machine, best first, starting at what it declares."""
+    out = _splits(req, machine)
+    return out + _local(replace(req, remote_devices=()), machine)
+
+
+def _shares(total: int, capacity: list[int]) -> list[int]:
+    """`total` layers shared in proportion to `capacity` (largest remainder)."""
+    cap_sum = sum(capacity)
+    if cap_sum <= 0 or total <= 0:
+        return [0] * len(capacity)
+    exact = [total * c / cap_sum for c in capacity]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(capacity)), key=lambda i: counts[i] - exact[i])
+    for i in by_remainder[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _splits(req: PairRequest, machine: Machine) -> list[Arrangement]:
+    """The "split" rungs: the target spread over this box and the pair's workers in proportion
+    to each one's usable memory (as llama.cpp splits by free memory), then each other split,
+    nearest first, so the first that fits is the most even one. The draft stays on this box."""
+    if not req.remote_devices:
+        return []
+    gpu = _best_gpu(machine) if req.gpu_layers != 0 else None
+    n = req.target.block_count + 1
+    remote_cap = [machine.free(d, REMOTE_RESERVE) for d in req.remote_devices]
+    # Offloaded layers: every one when this box's own share is a GPU (it then takes its share
+    # of them too), else RAM keeps the first layers in proportion to its memory.
+    balanced = n
+    if gpu is None:
+        balanced -= _shares(n, [machine.free(RAM, RAM_RESERVE), *remote_cap])[0]
+    local_cap = machine.free(gpu.device, GPU_RESERVE) if gpu else 0
+    order = sorted(range(1, n + 1), key=lambda k: (abs(k - balanced), -k))
+    modes: list[PlanMode] = ["speculative", "ngram", "plain"]
+    out: list[Arrangement] = []
+    for mode in modes[modes.index(req.declared) :]:
+        n_out = 1 if mode == "plain" else req.n_outputs
+        draft = 0 if gpu is None or req.draft_gpu_layers == 0 else req.draft_gpu_layers
+        for k in order:
+            caps = [*remote_cap, *([local_cap] if gpu else [])]
+            counts = _shares(k, caps)
+            remote = tuple(zip(req.remote_devices, counts[: len(remote_cap)], strict=True))
+            local = counts[len(remote_cap)] if gpu else 0
+            out.append(
+                Arrangement(
+                    "split",
+                    mode,
+                    req.n_ctx,
+                    target_gpu_layers=local,
+                    draft_gpu_layers=draft if mode == "speculative" else None,
+                    gpu=gpu.device if gpu else None,
+                    n_outputs=n_out,
+                    remote=remote,
+                )
+            )
+    return out
+
+
+def _local(req: PairRequest, machine: Machine) -> list[Arrangement]:
+    """The ladder on this box alone."""
     gpu = _best_gpu(machine) if req.gpu_layers != 0 else None
     full = req.target.block_count + 1
     t_layers = full if req.gpu_layers < 0 else min(req.gpu_layers, full)
@@ -350,7 +443,7 @@ def candidates(req: PairRequest, machine: Machine) -> list[Arrangement]:
     for layers in range(min(t_layers, req.target.block_count) - 1, 0, -1):
         out.append(Arrangement("partial-offload", light, ctx, layers, None, g, n_out))
     cpu_req = replace(req, gpu_layers=0)
-    out += [replace(a, rung="cpu-only") for a in candidates(cpu_req, machine)]
+    out += [replace(a, rung="cpu-only") for a in _local(cpu_req, machine)]
     return out
 
 
@@ -371,14 +464,34 @@ def _smaller_contexts(
 
 
 def _shortfall(uses: tuple[DeviceUse, ...]) -> str:
-    worst = max(uses, key=lambda u: u.need - u.free)
-    return f"{worst.device} needs {fmt_size(worst.need)}, {fmt_size(worst.free)} usable"
+    """The devices that are short, worst first ("rpc:b:0 needs 1.2 GiB, 300 MiB usable, 900 MiB
+    short"), or the tightest one when none is."""
+    short = sorted((u for u in uses if not u.fits), key=lambda u: u.free - u.need)
+    if not short:
+        short = [max(uses, key=lambda u: u.need - u.free)]
+        return (
+            f"{short[0].device} needs {fmt_size(short[0].need)}, {fmt_size(short[0].free)} usable"
+        )
+    return "; ".join(
+        f"{u.device} needs {fmt_size(u.need)}, {fmt_size(u.free)} usable, "
+        f"{fmt_size(u.need - u.free)} short"
+        for u in short
+    )
 
 
 def _what(a: Arrangement, req: PairRequest) -> str:
     where = f"on {a.gpu}" if a.gpu and a.target_gpu_layers else "in RAM"
     if a.rung == "partial-offload":
-        where = f"{a.target_gpu_layers}/{req.target.block_count} layers on {a.gpu}, rest in RAM"
+        n = req.target.block_count + 1
+        where = f"{a.target_gpu_layers}/{n} layers (output first) on {a.gpu}, rest in RAM"
+    if a.remote:
+        parts = [f"{c} on {d}" for d, c in a.remote if c]
+        if a.gpu and a.target_gpu_layers:
+            parts.append(f"{a.target_gpu_layers} on {a.gpu}")
+        in_ram = req.target.block_count + 1 - sum(c for _, c in a.remote) - a.target_gpu_layers
+        if in_ram > 0:
+            parts.append(f"{in_ram} in RAM")
+        where = f"split over {', '.join(parts)} of {req.target.block_count + 1} layers"
     text = {
         "speculative": "target and draft " + where,
         "ngram": f"target {where}, n-gram drafting (no draft memory)",
@@ -387,6 +500,8 @@ def _what(a: Arrangement, req: PairRequest) -> str:
     }[a.mode]
     if a.mode == "speculative" and a.rung == "draft-on-cpu":
         text = f"target on {a.gpu}, draft in RAM"
+    if a.mode == "speculative" and a.remote:
+        text = f"target {where}; draft on this box"
     if a.n_ctx < req.n_ctx:
         text += f", context cut to {a.n_ctx} tokens from {req.n_ctx}"
     return text
@@ -411,5 +526,11 @@ def plan_pair(req: PairRequest, machine: Machine) -> PairPlan:
         f"does not fit even as {_what(smallest, req)}: {_shortfall(uses)}, "
         f"{fmt_size(missing)} missing; free memory, raise the budget, or use a smaller model"
     )
+    if first.remote:  # say first what the workers lack for the declared split
+        split_uses = evaluate(req, machine, first)
+        reason = (
+            f"does not fit as {_what(first, req)} ({_shortfall(split_uses)}) nor on this box "
+            f"alone ({_shortfall(uses)}); add a worker, raise a budget, or use a smaller model"
+        )
     refused = replace(smallest, rung="refuse", mode="refused")
     return PairPlan(req.name, refused, reason, True, first.rung, uses, shortfall=_shortfall(uses))

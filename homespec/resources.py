@@ -58,6 +58,20 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class Remote:
+    """One device of an RPC worker (`homespec worker` on another box), as the planner sees it."""
+
+    device: str  # "rpc:NAME:INDEX"
+    worker: str
+    endpoint: str
+    index: int
+    description: str
+    total: int
+    free: int
+    budget: int | None = None  # [workers.NAME] budget: the most homespec plans here
+
+
+@dataclass(frozen=True)
 class Machine:
     ram: Ram
     gpus: tuple[Gpu, ...] = ()
@@ -66,6 +80,8 @@ class Machine:
     cpu_threads: int = 1
     budgets: Mapping[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    remotes: tuple[Remote, ...] = ()  # reachable RPC workers' devices
+    workers_down: Mapping[str, str] = field(default_factory=dict)  # worker name → why not usable
 
     @property
     def usable_gpus(self) -> tuple[Gpu, ...]:
@@ -75,12 +91,15 @@ class Machine:
     def free(self, device: str, reserve: int = 0) -> int:
         """What homespec may plan to use on `device`: free memory less `reserve` (left for the
         OS and drivers), capped by the device's budget."""
+        remote = next((r for r in self.remotes if r.device == device), None)
         if device == RAM:
             free = self.ram.free
+        elif remote is not None:
+            free = remote.free
         else:
             free = next((g.free for g in self.gpus if g.device == device), 0)
         free = max(0, free - reserve)
-        budget = self.budgets.get(device)
+        budget = self.budgets.get(device, remote.budget if remote else None)
         return free if budget is None else min(free, budget)
 
     def with_budgets(self, budgets: Mapping[str, int]) -> Machine:
@@ -103,7 +122,15 @@ class Machine:
         )
         gpus = tuple(replace(g, free=max(0, g.free - used.get(g.device, 0))) for g in self.gpus)
         budgets = {d: max(0, b - used.get(d, 0)) for d, b in self.budgets.items()}
-        return replace(self, ram=ram, gpus=gpus, budgets=budgets)
+        remotes = tuple(
+            replace(
+                r,
+                free=max(0, r.free - used.get(r.device, 0)),
+                budget=None if r.budget is None else max(0, r.budget - used.get(r.device, 0)),
+            )
+            for r in self.remotes
+        )
+        return replace(self, ram=ram, gpus=gpus, budgets=budgets, remotes=remotes)
 
 
 # --- RAM and cgroups ---------------------------------------------------------------------------

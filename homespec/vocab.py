@@ -34,6 +34,7 @@ PlanMode = Literal["speculative", "ngram", "plain", "refused"]
 
 # The memory planner's fallback ladder, in order; "refuse" when nothing fits.
 Rung = Literal[
+    "split",  # 0: target spread over this box and its RPC workers, draft on this box
     "co-load",  # 1: target and draft together (on the GPU, or in RAM on a CPU-only box)
     "draft-on-cpu",  # 2: target on the GPU, draft in RAM
     "ngram",  # 3: draft dropped, model-free n-gram drafting

@@ -31,6 +31,9 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install --quiet --upgrade pip
 
+# Every build has llama.cpp's RPC backend: `homespec worker` serves it, and a pair's target can
+# spread over workers on other boxes (README, "Several machines").
+export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_RPC=on"
 case "${HOMESPEC_BACKEND:-cpu}" in
   cpu) ;;
   cuda)
@@ -44,12 +47,24 @@ case "${HOMESPEC_BACKEND:-cpu}" in
   *) die "HOMESPEC_BACKEND must be cpu, cuda or metal (got ${HOMESPEC_BACKEND})" ;;
 esac
 
-if ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null || [ "${HOMESPEC_BACKEND:-cpu}" != cpu ]; then
+has_rpc='import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_rpc())'
+install_llama() {
   say "installing llama-cpp-python (${HOMESPEC_BACKEND:-cpu}); a first build from source takes ~7 min on 2 cores…"
   extra=()
   # pip's wheel cache does not know about CMAKE_ARGS: a GPU build must not reuse a CPU wheel.
   [ "${HOMESPEC_BACKEND:-cpu}" != cpu ] && extra=(--no-cache-dir --force-reinstall --no-deps)
   "${PIP[@]}" install "${extra[@]}" "llama-cpp-python>=0.3.36,<0.4"
+}
+if ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null || [ "${HOMESPEC_BACKEND:-cpu}" != cpu ]; then
+  install_llama
+fi
+if ! "$VENV/bin/python" -c "$has_rpc" 2>/dev/null; then
+  # Built by an older homespec without RPC (and perhaps reused from pip's cache): once more.
+  say "this llama-cpp-python has no RPC backend (for \`homespec worker\`): building it again with one"
+  "${PIP[@]}" cache remove 'llama_cpp_python*' >/dev/null 2>&1 || true
+  "${PIP[@]}" uninstall --yes llama-cpp-python >/dev/null
+  install_llama
+  "$VENV/bin/python" -c "$has_rpc" || die "llama-cpp-python still has no RPC backend (CMAKE_ARGS=$CMAKE_ARGS)"
 fi
 
 say "installing homespec"

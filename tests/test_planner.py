@@ -112,10 +112,11 @@ def test_kv_cache_follows_the_metadata_formula() -> None:
 
 
 def test_layers_offload_from_the_last_and_the_embedding_stays_on_the_cpu() -> None:
+    # llama.cpp's n_gpu_layers counts the output as a layer and offloads it first.
     part = estimate(TARGET, n_ctx=4096, n_outputs=1, gpu_layers=10, gpu="cuda0")
-    assert part.weights["cuda0"] == 10 * 200 * MiB  # output matrix stays with the CPU layers
-    assert part.weights[RAM] == (22 * 200 + 500 + 500) * MiB
-    assert part.kv["cuda0"] * 22 == part.kv[RAM] * 10
+    assert part.weights["cuda0"] == (9 * 200 + 500) * MiB
+    assert part.weights[RAM] == (23 * 200 + 500) * MiB
+    assert part.kv["cuda0"] * 23 == part.kv[RAM] * 9
     full = estimate(TARGET, n_ctx=4096, n_outputs=1, gpu_layers=-1, gpu="cuda0")
     assert full.weights["cuda0"] == (32 * 200 + 500) * MiB  # all layers + output
     assert full.weights[RAM] == 500 * MiB  # token embedding
@@ -186,7 +187,7 @@ def test_gpu_too_small_at_the_minimum_context_offloads_part_of_the_layers() -> N
     p = plan_pair(request(), box(16, gpu_gib=5))
     assert p.rung == "partial-offload"
     assert 0 < p.arrangement.target_gpu_layers < 32
-    assert f"{p.arrangement.target_gpu_layers}/32 layers on cuda0" in p.reason
+    assert f"{p.arrangement.target_gpu_layers}/33 layers (output first) on cuda0" in p.reason
     assert all(u.fits for u in p.devices)
 
 

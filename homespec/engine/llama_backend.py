@@ -8,8 +8,10 @@ positions from the KV cache (see docs/ARCHITECTURE.md).
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import llama_cpp as lc
@@ -17,6 +19,7 @@ import numpy as np
 
 from homespec.engine import chat_template
 from homespec.engine.crashsite import CrashSite, Site
+from homespec.engine.ggml_devices import Ggml
 from homespec.engine.types import Message
 from homespec.errors import EngineError, RequestError
 
@@ -63,6 +66,13 @@ def supports_gpu_offload() -> bool:
     return bool(lc.llama_supports_gpu_offload())
 
 
+@functools.cache
+def ggml() -> Ggml:
+    """The ggml library of the loaded llama.cpp (one per process, like the library itself)."""
+    init_backend()
+    return Ggml(Path(lc.llama_cpp._lib._name))
+
+
 class LlamaModel:
     """Weights and vocabulary of one GGUF file.
 
@@ -80,12 +90,29 @@ class LlamaModel:
         repack: bool = True,
         crash_site: CrashSite | None = None,
         load_site: Site = Site.LOAD_TARGET,
+        devices: Sequence[int] | None = None,
+        split: Sequence[float] | None = None,
     ) -> None:
+        """`devices`: the ggml devices (handles) its offloaded layers may use, in llama.cpp's
+        order (None: llama.cpp picks; empty: none, all in RAM); `split`: the share of the
+        offloaded layers each of them takes (the output layer counts as one)."""
         init_backend()
         params = lc.llama_model_default_params()
         # llama.h: "a negative value means all layers" (llama_model::n_gpu_layers()).
         params.n_gpu_layers = -1 if gpu_layers < 0 else gpu_layers
         params.use_extra_bufts = repack
+        # Both arrays only need to live through the load: llama.cpp copies them.
+        dev_array = None
+        if devices is not None:
+            dev_array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+            params.devices = ctypes.addressof(dev_array)
+        split_array = None
+        if split is not None:
+            n_max = lc.llama_max_devices()
+            if len(split) > n_max:
+                raise EngineError(f"{len(split)} devices: llama.cpp takes at most {n_max}", "")
+            split_array = (ctypes.c_float * n_max)(*split)
+            params.tensor_split = split_array
         self.path = path
         self.repack = repack
         site = crash_site or CrashSite()

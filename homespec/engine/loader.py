@@ -22,6 +22,7 @@ from homespec.engine.generate import PairRuntime
 from homespec.engine.llama_backend import (
     LlamaContext,
     LlamaModel,
+    ggml,
     supports_gpu_offload,
     system_info,
 )
@@ -32,6 +33,7 @@ from homespec.pairs import PairFiles, inspect_pair, plan
 from homespec.planner import Arrangement, Footprint, PairPlan, estimate, runtime_cost, uses_gpu
 from homespec.resources import RAM, Machine, cuda_used, probe_machine
 from homespec.sizes import fmt_size
+from homespec.workers import attach
 
 LOG = logging.getLogger("homespec.loader")
 N_BATCH = 512
@@ -40,6 +42,33 @@ N_BATCH = 512
 def probe() -> Machine:
     """This machine, with this llama.cpp build's backends."""
     return probe_machine(backend_info=lambda: (system_info(), supports_gpu_offload()))
+
+
+def placement(
+    manifest: Manifest, a: Arrangement, role: str
+) -> tuple[list[int] | None, list[float] | None, int]:
+    """(ggml devices, split, n_gpu_layers) for one model of a pair the plan spreads over RPC
+    workers: the target's layers go to the workers' devices (registered in this process now)
+    and to the local GPU, the draft's to the local GPU only. (None, None, layers) otherwise:
+    llama.cpp's own device choice."""
+    layers = a.target_gpu_layers if role == "target" else a.draft_gpu_layers
+    assert layers is not None
+    if not a.remote:
+        return None, None, layers
+    g = ggml()
+    local = [d.handle for d in g.devices() if d.kind == "gpu" and not d.name.startswith("RPC")][:1]
+    if role == "draft":
+        return (local if layers else []), None, layers
+    devices: list[int] = []
+    split: list[float] = []
+    for device, count in a.remote:
+        _, worker, index = device.split(":")
+        devices.append(g.add_worker(manifest.spec.workers[worker].endpoint)[int(index)].handle)
+        split.append(float(count))
+    if a.gpu and layers:
+        devices += local
+        split.append(float(layers))
+    return devices, split, sum(int(c) for c in split)
 
 
 def flash_attention(pair: PairSpec, *, on_gpu: bool) -> bool | None:
@@ -141,6 +170,7 @@ def _footprint(files: PairFiles, a: Arrangement, role: str) -> Footprint:
             n_outputs=a.n_outputs,
             gpu_layers=a.target_gpu_layers,
             gpu=a.gpu,
+            remote=a.remote,
         )
     assert files.draft is not None and a.draft_gpu_layers is not None
     return estimate(
@@ -172,14 +202,17 @@ def _load_model(
         name, info.path, gpu_layers=gpu_layers, override=manifest.spec.models[name].repack
     )
     held.repack[role] = verdict
+    devices, split, n_gpu_layers = placement(manifest, a, role)
     before = _used(a.gpu)
     t0 = time.perf_counter()
     model = LlamaModel(
         info.path,
-        gpu_layers=gpu_layers,
+        gpu_layers=n_gpu_layers,
         repack=verdict.repack,
         crash_site=site,
         load_site=Site.LOAD_TARGET if role == "target" else Site.LOAD_DRAFT,
+        devices=devices,
+        split=split,
     )
     held.models.append(model)
     ctx = LlamaContext(
@@ -251,7 +284,10 @@ def load_pair(
     if without_draft and files.draft is not None:
         files = replace(files, draft=None, draft_skip_reason=without_draft)
     name, pair = manifest.pair(files.name)
-    the_plan = plan(manifest, files, machine or probe())
+    machine = machine or probe()
+    if pair.target_workers and not machine.remotes and not machine.workers_down:
+        machine = attach(machine, manifest, pair.target_workers)
+    the_plan = plan(manifest, files, machine)
     if not the_plan.runnable:
         raise OutOfMemoryError(
             f"pair {name!r} {the_plan.reason}", f"see `homespec doctor --pair {name}`"
