@@ -141,6 +141,14 @@ def status(url: str | None, as_json: bool) -> None:
             f"{_memory(p)}"
         )
         click.echo(f"{'':<14} why: {p['reason']}")
+        plan = p.get("plan") or {}
+        if plan.get("remote_layers") or plan.get("workers_down"):
+            spread = ", ".join(f"{n} on {d}" for d, n in plan["remote_layers"].items() if n)
+            down = ", ".join(plan["workers_down"])
+            click.echo(
+                f"{'':<14} workers: target layers {spread or 'none'}"
+                + (f"; DOWN: {down} (re-planned when back)" if down else "")
+            )
         engine = p.get("engine") or {}
         if engine.get("pid"):
             held = ", ".join(f"{d} {fmt_size(n)}" for d, n in (engine.get("memory") or {}).items())

@@ -22,9 +22,16 @@ def _cache_dir() -> Path:
     "--host",
     default="127.0.0.1",
     show_default=True,
+    envvar="HOMESPEC_WORKER_HOST",
     help="Address to listen on: loopback, or this box's address on a private network.",
 )
-@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    envvar="HOMESPEC_WORKER_PORT",
+)
 @click.option(
     "--device",
     "devices",

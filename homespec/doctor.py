@@ -259,9 +259,7 @@ def render_workers(manifest: Manifest, m: Machine) -> list[str]:
                 f"  {'':<19} WARNING: {exposed}: llama.cpp's RPC has no authentication; keep "
                 "workers on loopback or a private network"
             )
-    lines.append(
-        "  note: a CPU worker reports its whole RAM as free (llama.cpp): give it a budget"
-    )
+    lines.append("  note: a CPU worker reports its whole RAM as free (llama.cpp): give it a budget")
     return lines
 
 

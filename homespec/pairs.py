@@ -95,7 +95,12 @@ def plan(manifest: Manifest, files: PairFiles, machine: Machine) -> PairPlan:
             f"{machine.workers_down.get(w, 'not probed')}"
             for w in down
         )
-        p = replace(p, reason=f"{why}: planned without it. {p.reason}", degraded=True)
+        p = replace(
+            p,
+            reason=f"{why}: planned without it. {p.reason}",
+            degraded=True,
+            workers_down=tuple(down),
+        )
         notes.append(why)
     trained = files.target.context_length
     if trained and pair.n_ctx > trained:

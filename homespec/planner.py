@@ -219,6 +219,7 @@ class PairPlan:
     devices: tuple[DeviceUse, ...] = ()
     notes: tuple[str, ...] = ()
     shortfall: str = ""  # when degraded: which device ran short for the declared arrangement
+    workers_down: tuple[str, ...] = ()  # declared RPC workers planned without (unreachable)
 
     @property
     def rung(self) -> str:
@@ -235,7 +236,16 @@ class PairPlan:
     def summary(self) -> dict[str, Any]:
         """The short form requests and status carry: rung, mode, reason, context."""
         a = self.arrangement
-        return {"rung": a.rung, "mode": a.mode, "reason": self.reason, "n_ctx": a.n_ctx}
+        out: dict[str, Any] = {
+            "rung": a.rung,
+            "mode": a.mode,
+            "reason": self.reason,
+            "n_ctx": a.n_ctx,
+        }
+        if a.remote or self.workers_down:
+            out["remote_layers"] = dict(a.remote)
+            out["workers_down"] = list(self.workers_down)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         a = self.arrangement
@@ -256,6 +266,7 @@ class PairPlan:
             "remote_layers": dict(a.remote),
             "n_outputs": a.n_outputs,
             "devices": [d.to_dict() for d in self.devices],
+            "workers_down": list(self.workers_down),
             "notes": list(self.notes),
         }
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from homespec import __version__
+from homespec.daemon import rpc_watch
 from homespec.daemon.metrics import Metrics
 from homespec.daemon.systemd import notify
 from homespec.daemon.worker import Outcome, PairWorker
@@ -111,6 +112,8 @@ class Daemon:
         self._base: Machine | None = None  # the first engine's probe, budgets applied
         self._loader: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._rpc: asyncio.Task[None] | None = None
+        self._rpc_waiting: set[str] = set()  # failed pairs that found a worker down
         self._reloading = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()  # reloads and swaps under way
         self._retiring: set[PairWorker] = set()  # replaced or removed, still draining
@@ -133,6 +136,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self._loader = loop.create_task(self._load_all())
         self._watch = loop.create_task(self._watch_memory())
+        self._rpc = loop.create_task(self._watch_workers())
 
     async def _load_all(self) -> None:
         for w in list(self.workers.values()):
@@ -246,6 +250,28 @@ class Daemon:
             for w in self.workers.values():
                 w.watch_memory(machine, spec.min_free_bytes)
 
+    async def _watch_workers(self) -> None:
+        """Every `[memory] watch_interval_s`: re-plan a pair planned without some of its RPC
+        workers once they all answer again (daemon/rpc_watch.py). The watch must never take
+        the daemon down."""
+        while not self._closing:
+            await asyncio.sleep(self.config.manifest.spec.memory.watch_interval_s)
+            for name, w in list(self.workers.items()):
+                try:
+                    await self._watch_pair(name, w)
+                except Exception as exc:
+                    LOG.warning("worker watch: pair %s: %s", name, exc)
+
+    async def _watch_pair(self, name: str, w: PairWorker) -> None:
+        if self.workers.get(name) is not w or w in self._retiring:
+            return
+        why = await rpc_watch.check(w, self._rpc_waiting)
+        if why and self.workers.get(name) is w:
+            LOG.warning("pair %s: %s: re-planning the pair", name, why)
+            new = self._worker(w.manifest, name)
+            self._swap(w, new)
+            self.workers[name] = new
+
     def _machine_for(self, worker: PairWorker) -> Machine | None:
         """The first probe less what the other pairs hold: each one's plan, or what its engine
         was measured to hold where that is more (None: let the engine probe; the daemon itself
@@ -276,6 +302,8 @@ class Daemon:
             self._loader.cancel()
         if self._watch is not None:
             self._watch.cancel()
+        if self._rpc is not None:
+            self._rpc.cancel()
         workers = [*self.workers.values(), *self._retiring]
         await asyncio.gather(*(w.close() for w in workers))
         LOG.info("models unloaded")

@@ -7,6 +7,7 @@ runs on the event loop: the engine's replies arrive there too, so no state needs
 States (`WorkerState`) and their transitions, all made by `_set_state`:
 
     starting ──Loaded──▶ ready ──engine died──▶ restarting ──Loaded──▶ ready
+        │  └─────────────engine died─────────────────▲
         │                  │                        │
         └──LoadFailed / death past the crash limit──┴──────────────────▶ failed
     any ──close()──▶ stopped
@@ -23,7 +24,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -72,7 +73,9 @@ class WorkerState(StrEnum):
 
 
 TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
-    WorkerState.STARTING: frozenset({WorkerState.READY, WorkerState.FAILED, WorkerState.STOPPED}),
+    WorkerState.STARTING: frozenset(
+        {WorkerState.READY, WorkerState.RESTARTING, WorkerState.FAILED, WorkerState.STOPPED}
+    ),
     WorkerState.READY: frozenset({WorkerState.RESTARTING, WorkerState.FAILED, WorkerState.STOPPED}),
     WorkerState.RESTARTING: frozenset({WorkerState.READY, WorkerState.FAILED, WorkerState.STOPPED}),
     WorkerState.FAILED: frozenset({WorkerState.STOPPED}),
@@ -281,6 +284,12 @@ class PairWorker:
             limit=self.crash_limit,
             window_s=self.crash_window_s,
         )
+        if self.info is not None and self.info.plan.arrangement.remote:
+            rec = replace(
+                rec,
+                reason=rec.reason + " (it spreads over RPC workers: if one "
+                "stopped, the restart plans without it)",
+            )
         LOG.error("pair %s: %s", self.name, rec.reason)
         self.incident = rec.reason
         if rec.without_draft and not self.without_draft:
