@@ -187,6 +187,9 @@ def test_a_worker_lost_mid_request_fails_that_request_and_the_pair_comes_back_wi
         assert st["plan"]["workers_down"] == ["b"], st["plan"]
         assert "worker b" in st["plan"]["reason"]
         assert health["status"] == "degraded"
+        assert health["pairs"]["split"]["workers"]["down"] == ["b"]
+        assert any("RPC worker b unreachable" in r for r in health["reasons"])
+        assert 'homespec_workers_down{pair="split"} 1.0' in d.get("/metrics").text
         workers["b"].start()
         wait_until(
             d,

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from homespec import __version__
+from homespec.daemon import rpc_watch
 from homespec.daemon.openai_api import (
     SSE_DONE,
     ChatCompletionRequest,
@@ -266,6 +267,8 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
                 w.memory(),
                 draft_dropped=w.memory_watch.dropped,
                 draft_drops=w.memory_drops,
+                worker_layers=dict(w.info.plan.arrangement.remote) if w.info else None,
+                workers_down=len(rpc_watch.missing(w.info)),
             )
         return Response(daemon.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -95,6 +95,19 @@ class Metrics:
             registry=r,
         )
 
+        self.worker_layers = Gauge(
+            "homespec_worker_layers",
+            "Target layers the pair's plan puts on each RPC worker device (rpc:NAME:INDEX)",
+            ["pair", "device"],
+            registry=r,
+        )
+        self.workers_down = Gauge(
+            "homespec_workers_down",
+            "RPC workers the pair declares but was planned without (they did not answer)",
+            ["pair"],
+            registry=r,
+        )
+
     def observe(self, pair: str, mode: str, outcome: str, stats: GenerationStats | None) -> None:
         self.requests.labels(pair, mode, outcome).inc()
         if stats is None:
@@ -121,6 +134,8 @@ class Metrics:
         *,
         draft_dropped: bool = False,
         draft_drops: int = 0,
+        worker_layers: dict[str, int] | None = None,
+        workers_down: int = 0,
     ) -> None:
         for m in PAIR_MODES:
             self.mode.labels(pair, m).set(1 if m == mode else 0)
@@ -130,6 +145,9 @@ class Metrics:
         self.draft_drops.labels(pair).set(draft_drops)
         for device, n in memory.items():
             self.engine_memory.labels(pair, device).set(n)
+        for device, n in (worker_layers or {}).items():
+            self.worker_layers.labels(pair, device).set(n)
+        self.workers_down.labels(pair).set(workers_down)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

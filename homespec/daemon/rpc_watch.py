@@ -13,9 +13,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
-from homespec.daemon.worker import PairWorker, WorkerState
+from homespec.daemon.states import WorkerState
+from homespec.daemon.worker import PairWorker
+from homespec.engine.protocol import EngineInfo
 from homespec.manifest import Manifest
 from homespec.workers import probe
+
+
+def layout(info: EngineInfo | None) -> dict[str, object]:
+    """The RPC workers a loaded pair's plan spreads its target over: layers per device, and
+    the declared workers it had to do without ({} for a pair on this box alone)."""
+    plan = info.plan if info is not None else None
+    if plan is None or not (plan.arrangement.remote or plan.workers_down):
+        return {}
+    return {"layers": dict(plan.arrangement.remote), "down": list(plan.workers_down)}
+
+
+def missing(info: EngineInfo | None) -> list[str]:
+    """The declared workers a loaded pair was planned without."""
+    return list(info.plan.workers_down) if info is not None else []
 
 
 def decide(down: Sequence[str], reachable: Mapping[str, bool]) -> str:

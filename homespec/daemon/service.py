@@ -396,6 +396,11 @@ class Daemon:
         same, with file paths cut to their names."""
         states = [w.state for w in self.workers.values()]
         reasons = [f"{w.name}: {w.reason}" for w in self.workers.values() if w.degraded]
+        reasons += [
+            f"{w.name}: RPC worker {', '.join(down)} unreachable: planned without it"
+            for w in self.workers.values()
+            if (down := rpc_watch.missing(w.info))
+        ]
         if self.log_error:
             reasons.append(f"{self.log_error}; {self.log_lost} line(s) lost")
         if "ready" not in states:
@@ -410,7 +415,12 @@ class Daemon:
             "status": status,
             "reasons": [shown(r) for r in reasons],
             "pairs": {
-                w.name: {"state": str(w.state), "mode": w.mode, "reason": shown(w.reason)}
+                w.name: {
+                    "state": str(w.state),
+                    "mode": w.mode,
+                    "reason": shown(w.reason),
+                    **({"workers": layout} if (layout := rpc_watch.layout(w.info)) else {}),
+                }
                 for w in self.workers.values()
             },
         }

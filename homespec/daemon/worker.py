@@ -4,13 +4,7 @@ The pair's models and generation loop run in an engine child (engine/child.py, t
 daemon/engine.py); this side keeps the queue and what /health and status say. Everything here
 runs on the event loop: the engine's replies arrive there too, so no state needs a lock.
 
-States (`WorkerState`) and their transitions, all made by `_set_state`:
-
-    starting ──Loaded──▶ ready ──engine died──▶ restarting ──Loaded──▶ ready
-        │  └─────────────engine died─────────────────▲
-        │                  │                        │
-        └──LoadFailed / death past the crash limit──┴──────────────────▶ failed
-    any ──close()──▶ stopped
+Its states and their transitions are in daemon/states.py.
 
 A request that finds `max_queue` requests waiting or running is refused at once (the HTTP
 layer answers 503 with Retry-After) rather than queued without bound.
@@ -25,13 +19,13 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
 
 from homespec import errors
 from homespec.daemon.crashes import EngineDeath, recover
 from homespec.daemon.engine import EngineProcess
 from homespec.daemon.memory_watch import DraftWatch, decide, draft_site
+from homespec.daemon.states import TRANSITIONS, WorkerState
 from homespec.engine import learned
 from homespec.engine.crashsite import Site
 from homespec.engine.protocol import (
@@ -62,25 +56,6 @@ ROLLING = 50  # requests in the rolling accept rate
 QUIET_S = 0.3  # the draft loads once the pair has had no request for this long...
 MAX_DRAFT_DELAY_S = 30.0  # ...or after this long anyway
 STOP_TIMEOUT_S = 30.0
-
-
-class WorkerState(StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    RESTARTING = "restarting"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
-TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
-    WorkerState.STARTING: frozenset(
-        {WorkerState.READY, WorkerState.RESTARTING, WorkerState.FAILED, WorkerState.STOPPED}
-    ),
-    WorkerState.READY: frozenset({WorkerState.RESTARTING, WorkerState.FAILED, WorkerState.STOPPED}),
-    WorkerState.RESTARTING: frozenset({WorkerState.READY, WorkerState.FAILED, WorkerState.STOPPED}),
-    WorkerState.FAILED: frozenset({WorkerState.STOPPED}),
-    WorkerState.STOPPED: frozenset(),
-}
 
 
 @dataclass
