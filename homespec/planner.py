@@ -395,26 +395,30 @@ def _splits(req: PairRequest, machine: Machine) -> list[Arrangement]:
     order = sorted(range(1, n + 1), key=lambda k: (abs(k - balanced), -k))
     modes: list[PlanMode] = ["speculative", "ngram", "plain"]
     out: list[Arrangement] = []
-    for mode in modes[modes.index(req.declared) :]:
-        n_out = 1 if mode == "plain" else req.n_outputs
-        draft = 0 if gpu is None or req.draft_gpu_layers == 0 else req.draft_gpu_layers
-        for k in order:
-            caps = [*remote_cap, *([local_cap] if gpu else [])]
-            counts = _shares(k, caps)
-            remote = tuple(zip(req.remote_devices, counts[: len(remote_cap)], strict=True))
-            local = counts[len(remote_cap)] if gpu else 0
-            out.append(
-                Arrangement(
-                    "split",
-                    mode,
-                    req.n_ctx,
-                    target_gpu_layers=local,
-                    draft_gpu_layers=draft if mode == "speculative" else None,
-                    gpu=gpu.device if gpu else None,
-                    n_outputs=n_out,
-                    remote=remote,
-                )
+    # With a GPU here the draft goes on it first, then in RAM ("draft on the CPU"): for each
+    # split, as the local ladder keeps the target's layers before the draft's place.
+    drafts = [0] if gpu is None or req.draft_gpu_layers == 0 else [req.draft_gpu_layers, 0]
+    steps = [
+        (m, k, d)
+        for m in modes[modes.index(req.declared) :]
+        for k in order
+        for d in (drafts if m == "speculative" else [None])
+    ]
+    caps = [*remote_cap, *([local_cap] if gpu else [])]
+    for mode, k, draft in steps:
+        counts = _shares(k, caps)
+        out.append(
+            Arrangement(
+                "split",
+                mode,
+                req.n_ctx,
+                target_gpu_layers=counts[len(remote_cap)] if gpu else 0,
+                draft_gpu_layers=draft,
+                gpu=gpu.device if gpu else None,
+                n_outputs=1 if mode == "plain" else req.n_outputs,
+                remote=tuple(zip(req.remote_devices, counts[: len(remote_cap)], strict=True)),
             )
+        )
     return out
 
 
@@ -512,7 +516,8 @@ def _what(a: Arrangement, req: PairRequest) -> str:
     if a.mode == "speculative" and a.rung == "draft-on-cpu":
         text = f"target on {a.gpu}, draft in RAM"
     if a.mode == "speculative" and a.remote:
-        text = f"target {where}; draft on this box"
+        here = f"on {a.gpu}" if a.gpu and a.draft_gpu_layers else "in RAM"
+        text = f"target {where}; draft here, {here}"
     if a.n_ctx < req.n_ctx:
         text += f", context cut to {a.n_ctx} tokens from {req.n_ctx}"
     return text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -191,7 +192,30 @@ def test_the_draft_stays_on_this_box() -> None:
     assert p.rung == "split" and p.mode == "speculative"
     a = next(u for u in p.devices if u.device == "rpc:a:0")
     assert a.draft_weights == 0 and a.draft_kv == 0
-    assert "draft on this box" in p.reason
+    assert "draft here, in RAM" in p.reason
+
+
+def test_with_a_gpu_here_it_takes_the_output_and_its_share_and_the_draft_goes_there_first() -> None:
+    machine = box(16, gpu_gib=10)
+    machine = machine.__class__(**{**machine.__dict__, "remotes": (remote("a", 30, 8),)})
+    p = plan_pair(request(n_ctx=4096, remote_devices=("rpc:a:0",)), machine)
+    a = p.arrangement
+    assert p.rung == "split" and a.gpu == "cuda0" and a.draft_gpu_layers != 0
+    assert a.target_gpu_layers > 0 and dict(a.remote)["rpc:a:0"] > 0
+    assert a.target_gpu_layers + dict(a.remote)["rpc:a:0"] == 33  # nothing left in RAM
+    uses = {u.device: u for u in p.devices}
+    assert uses["cuda0"].draft_weights > 0 and "draft here, on cuda0" in p.reason
+    # llama.cpp's order: RPC devices first, the local GPU last, so it holds the output layer
+    split = evaluate(request(n_ctx=4096), machine, a)
+    gpu = next(u for u in split if u.device == "cuda0")
+    assert gpu.target_weights == ((a.target_gpu_layers - 1) * 200 + 500) * MiB
+    # a GPU too small for the draft beside its share: the draft goes to RAM, still split
+    tight = plan_pair(
+        request(n_ctx=4096, remote_devices=("rpc:a:0",)),
+        replace(machine, gpus=(replace(machine.gpus[0], free=int(4 * GiB)),)),
+    )
+    assert tight.rung == "split" and tight.arrangement.draft_gpu_layers == 0, tight.reason
+    assert "draft here, in RAM" in tight.reason
 
 
 def test_a_worker_short_of_memory_is_named_with_the_missing_mib() -> None:
