@@ -141,6 +141,8 @@ def status(url: str | None, as_json: bool) -> None:
             f"{_memory(p)}"
         )
         click.echo(f"{'':<14} why: {p['reason']}")
+        if p.get("prompt_note"):
+            click.echo(f"{'':<14} chat: llama.cpp's built-in renderer ({p['prompt_note']})")
         plan = p.get("plan") or {}
         if plan.get("remote_layers") or plan.get("workers_down"):
             spread = ", ".join(f"{n} on {d}" for d, n in plan["remote_layers"].items() if n)

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -237,11 +238,21 @@ def render_machine(m: Machine) -> list[str]:
     return lines
 
 
+def _llama_version() -> str:
+    try:
+        return metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
 def render_workers(manifest: Manifest, m: Machine) -> list[str]:
     """The RPC workers models.toml declares: reachable or why not, devices, memory, exposure."""
     if not manifest.spec.workers:
         return []
-    lines = ["workers (llama.cpp RPC, `homespec worker` on each box)"]
+    lines = [
+        "workers (`homespec worker` on each box; llama.cpp's RPC from llama-cpp-python "
+        f"{_llama_version()}: a worker answers only when it speaks the same protocol version)"
+    ]
     for name, spec in sorted(manifest.spec.workers.items()):
         devices = [r for r in m.remotes if r.worker == name]
         if not devices:

@@ -46,7 +46,7 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
         raise ValueError(f"{endpoint!r}: llama.cpp's RPC takes an IPv4 address or a host name")
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{endpoint!r}: port must be 1..65535")
-    return host.strip("[]"), int(port)
+    return host, int(port)
 
 
 def public_bind(host: str) -> str:
@@ -79,16 +79,6 @@ class WorkerStatus:
     reason: str = ""  # why it is not usable
     devices: tuple[dict[str, Any], ...] = ()  # name, description, kind, free, total
     probe_ms: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "endpoint": self.endpoint,
-            "reachable": self.reachable,
-            "reason": self.reason,
-            "devices": list(self.devices),
-            "probe_ms": round(self.probe_ms, 1),
-        }
 
 
 def _query(endpoint: str, timeout: float) -> tuple[list[dict[str, Any]], str]:

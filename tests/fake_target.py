@@ -51,6 +51,9 @@ class FakeVocab:
     def has_chat_template(self) -> bool:
         return True
 
+    def template_problem(self) -> str:
+        return ""
+
     def chat_prompt(self, messages: list[Message]) -> str:
         return "".join(f"{m.role}: {m.content}\n" for m in messages) + MARKER
 

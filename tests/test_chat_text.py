@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +124,31 @@ def test_the_demo_model_gets_the_prompt_its_template_writes(demo_pair: LoadedPai
     prompt = model.chat_prompt([Message("user", "hi")])
     assert prompt.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_template_that_is_not_valid_jinja_is_rendered_by_llama_cpp_and_every_answer_says_so(
+    draft_path: Path, tmp_path: Path
+) -> None:
+    broken = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{% endfor %}"
+    )
+    model = tmp_path / "broken-template.gguf"
+    subprocess.run(
+        [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(draft_path), str(model),
+         "--chat-template", broken],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    config = tmp_path / "models.toml"
+    config.write_text(
+        f'[models.m]\npath = "{model}"\n[pairs.p]\ntarget = "m"\ndraft = "ngram"\nn_ctx = 512\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "homespec", "ask", "--config", str(config), "--local", "--json",
+         "--max-tokens", "8", "hi"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    fmt = json.loads(done.stdout)["stats"]["prompt_format"]
+    assert fmt.startswith("llama.cpp's built-in look-alike of the chat template (")
+    assert "not valid Jinja" in fmt

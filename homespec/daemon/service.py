@@ -446,6 +446,7 @@ class Daemon:
             "max_queue": w.max_queue,
             "requests": w.served,
             "rolling_accept_rate": w.rolling_accept_rate(),
+            "prompt_note": w.info.prompt_note if w.info else "",
             "ready_after_s": w.ready_after_s,
             "speculative_after_s": w.speculative_after_s,
             "engine": {

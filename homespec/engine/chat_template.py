@@ -56,6 +56,15 @@ def _compiled(source: str) -> jinja2.Template:
         raise InvalidTemplate(f"the chat template is not valid Jinja: {exc}") from None
 
 
+def problem(source: str) -> str:
+    """Why this template cannot be rendered here ("" when it can)."""
+    try:
+        _compiled(source)
+    except InvalidTemplate as exc:
+        return str(exc)
+    return ""
+
+
 def render(source: str, messages: list[Message], *, bos_token: str, eos_token: str) -> str:
     """The prompt for `messages`, ending where the assistant's answer starts."""
     try:

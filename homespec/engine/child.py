@@ -117,6 +117,7 @@ def describe(
         load_ms=dict(held.load_ms) if held else {},
         verify_ms=dict(rt.ledger.verify.points),
         draft_ms=rt.ledger.draft_ms,
+        prompt_note=rt.target.model.template_problem(),
     )
 
 

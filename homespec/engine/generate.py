@@ -76,6 +76,7 @@ def sampling_params(pair: PairSpec, req: GenerationRequest) -> SamplingParams:
 
 PROMPT_FORMATS = {
     "chat": "chat template",
+    "builtin": "llama.cpp's built-in look-alike of the chat template",
     "transcript": "plain transcript (the target has no chat template)",
     "raw": "raw prompt",
 }
@@ -88,6 +89,8 @@ def prompt_tokens(rt: PairRuntime, req: GenerationRequest) -> tuple[list[int], s
         # Message contents are text: a typed <|im_end|> is not the template's end of turn.
         tokens = chat_tokens(model, req.messages, allow_special=rt.spec.allow_special_tokens)
         how = PROMPT_FORMATS["chat" if model.has_chat_template() else "transcript"]
+        if model.has_chat_template() and (problem := model.template_problem()):
+            how = f"{PROMPT_FORMATS['builtin']} ({problem})"
     elif req.prompt is not None:
         # A raw prompt is the caller's own rendering: its control tokens are meant.
         tokens, how = model.tokenize(req.prompt, special=True), PROMPT_FORMATS["raw"]

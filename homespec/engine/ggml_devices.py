@@ -97,9 +97,6 @@ class Ggml:
             self.device(lib.ggml_backend_dev_get(i)) for i in range(lib.ggml_backend_dev_count())
         ]
 
-    def supports_rpc(self) -> bool:
-        return bool(self._lib.ggml_backend_reg_by_name(b"RPC"))
-
     def _rpc_proc(self, name: str, argtypes: list[Any], restype: Any) -> Any:
         reg = self._lib.ggml_backend_reg_by_name(b"RPC")
         if not reg:

@@ -130,6 +130,7 @@ class LlamaModel:
         # An ordinary token to fill a context with when measuring memory.
         self.filler_token: int = self.tokenize(" the", special=False)[-1]
         self._pieces: dict[int, bytes] = {}
+        self._template_problem: str | None = None
 
     def tokenize(self, text: str, *, special: bool, add_bos: bool | None = None) -> list[int]:
         """`special`: parse special tokens like <|im_end|> and, unless `add_bos` says
@@ -165,6 +166,15 @@ class LlamaModel:
     def has_chat_template(self) -> bool:
         return bool(lc.llama_model_chat_template(self._model, None))
 
+    def template_problem(self) -> str:
+        """Why the GGUF's chat template is rendered by llama.cpp's built-in look-alike instead
+        of as the Jinja it is ("" when it is not): every request and status say so."""
+        if self._template_problem is None:
+            tmpl = lc.llama_model_chat_template(self._model, None)
+            source = tmpl.decode("utf-8", "replace") if tmpl else ""
+            self._template_problem = chat_template.problem(source) if source else ""
+        return self._template_problem
+
     def chat_prompt(self, messages: list[Message]) -> str:
         """Render messages with the model's own chat template, as Jinja (chat_template.py).
 
@@ -184,7 +194,8 @@ class LlamaModel:
                 tmpl.decode("utf-8", "replace"), messages, bos_token=bos, eos_token=eos
             )
         except chat_template.InvalidTemplate as exc:
-            LOG.warning("%s: %s; using llama.cpp's built-in renderer", self.path.name, exc)
+            # said once at load and in every request's prompt_format (template_problem)
+            LOG.debug("%s: %s; using llama.cpp's built-in renderer", self.path.name, exc)
             return self._builtin_chat_prompt(tmpl, messages)
         except chat_template.TemplateError as exc:
             raise RequestError(

@@ -215,6 +215,13 @@ def _load_model(
         split=split,
     )
     held.models.append(model)
+    if role == "target" and (problem := model.template_problem()):
+        LOG.warning(
+            "%s: %s: chats are rendered by llama.cpp's built-in look-alike, which may differ "
+            "from what the model was trained on",
+            info.path.name,
+            problem,
+        )
     ctx = LlamaContext(
         model,
         n_ctx=a.n_ctx,

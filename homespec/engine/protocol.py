@@ -102,6 +102,7 @@ class EngineInfo:
     # it, and ms per draft-model token.
     verify_ms: dict[int, float] = field(default_factory=dict)
     draft_ms: float | None = None
+    prompt_note: str = ""  # the target's chat template is not rendered as written, and why
 
 
 @dataclass(frozen=True)
