@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import click
@@ -81,6 +82,14 @@ def worker(
             "listen on loopback or a private address (--host 192.168.x.y), or pass "
             "--allow-public if a firewall guards the port",
         )
+    try:  # llama.cpp's server would only print "Failed to create server socket"
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            "another worker (or program) may hold the port: pick another with --port",
+        ) from None
     load_llama_first()
     from homespec.engine.llama_backend import ggml
 

@@ -89,6 +89,16 @@ def test_the_worker_command_refuses_a_public_bind_without_the_flag() -> None:
     assert v6.exit_code == 2 and "IPv4 address or a host name" in v6.output
 
 
+def test_the_worker_command_says_when_its_port_is_taken() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        result = CliRunner().invoke(cli, ["worker", "--port", str(port)])
+    assert result.exit_code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output and "--port" in result.output
+
+
 # --- probing --------------------------------------------------------------------------------
 
 
