@@ -105,7 +105,8 @@ def worker(
             )
         lend = [by_name[n.lower()] for n in devices]
     else:
-        lend = [d for d in available if d.kind == "gpu"] or [
+        # as llama.cpp's rpc-server: every GPU (integrated ones too), else the CPU
+        lend = [d for d in available if d.kind in ("gpu", "igpu")] or [
             d for d in available if d.kind == "cpu"
         ]
     if why:

@@ -101,7 +101,6 @@ def plan(manifest: Manifest, files: PairFiles, machine: Machine) -> PairPlan:
             degraded=True,
             workers_down=tuple(down),
         )
-        notes.append(why)
     trained = files.target.context_length
     if trained and pair.n_ctx > trained:
         notes.append(

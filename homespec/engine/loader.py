@@ -56,7 +56,10 @@ def placement(
     if not a.remote:
         return None, None, layers
     g = ggml()
-    local = [d.handle for d in g.devices() if d.kind == "gpu" and not d.name.startswith("RPC")][:1]
+    gpus = [d for d in g.devices() if d.kind in ("gpu", "igpu") and not d.name.startswith("RPC")]
+    # the plan's "cuda1" is llama.cpp's CUDA1; Metal has one device
+    named = [d for d in gpus if a.gpu and d.name.lower() == a.gpu.lower()]
+    local = [d.handle for d in (named or gpus)][:1] if a.gpu else []
     if role == "draft":
         return (local if layers else []), None, layers
     devices: list[int] = []
