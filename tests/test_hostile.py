@@ -293,6 +293,32 @@ MANIFESTS = [
         '[models.t]\npath = "DIR/none.gguf"\n' + GOOD_PAIR,
         "none.gguf",
     ),
+    (
+        "a worker endpoint without a port",
+        '[workers.w]\nendpoint = "box"\n[models.t]\npath = "TINY"\n' + GOOD_PAIR,
+        "workers.w",
+    ),
+    (
+        "a worker endpoint in IPv6",
+        '[workers.w]\nendpoint = "[::1]:50052"\n[models.t]\npath = "TINY"\n' + GOOD_PAIR,
+        "IPv4 address or a host name",
+    ),
+    (
+        "a worker budget that is no size",
+        '[workers.w]\nendpoint = "h:1"\nbudget = "a lot"\n[models.t]\npath = "TINY"\n' + GOOD_PAIR,
+        "workers.w",
+    ),
+    (
+        "a pair spread over a worker nobody declared",
+        '[models.t]\npath = "TINY"\n' + GOOD_PAIR + 'target_workers = ["ghost"]\n',
+        "'ghost'",
+    ),
+    (
+        "a worker timeout of zero",
+        '[workers.w]\nendpoint = "h:1"\nconnect_timeout_s = 0\n[models.t]\npath = "TINY"\n'
+        + GOOD_PAIR,
+        "connect_timeout_s",
+    ),
 ]
 
 
