@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,6 +29,11 @@ from homespec.cli_common import (
 )
 from homespec.cli_daemon import reload, report, serve, status
 from homespec.cli_worker import worker
+from homespec.errors import EngineError, HomespecError
+
+if TYPE_CHECKING:
+    from homespec.engine.types import GenerationRequest
+    from homespec.manifest import Manifest
 from homespec.vocab import DRAFTERS
 
 
@@ -115,7 +123,7 @@ def ask(
     streams to stdout; one stats line goes to stderr. PROMPT "-" reads stdin.
     """
     from homespec.cli_daemon import ask_via_daemon
-    from homespec.engine.types import GenerationRequest, GenerationStats, Message
+    from homespec.engine.types import GenerationRequest, Message
 
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -141,11 +149,30 @@ def ask(
     if not local and not explain and ask_via_daemon(url, req, pair, as_json=as_json):
         return
     load_llama_first()
-    from homespec.engine.generate import generate
-    from homespec.engine.loader import load_pair
     from homespec.manifest import load_manifest
 
     manifest = load_manifest(config)
+    name, spec = manifest.pair(pair)
+
+    def answer() -> None:
+        _answer_here(manifest, name, req, as_json=as_json, explain=explain)
+
+    if spec.target_workers:
+        # llama.cpp aborts a process whose RPC worker is lost mid-answer: let that be a
+        # child, so this command can say what happened instead of dying with it.
+        in_a_child(answer, name)
+    else:
+        answer()
+
+
+def _answer_here(
+    manifest: Manifest, pair: str, req: GenerationRequest, *, as_json: bool, explain: bool
+) -> None:
+    """Load the pair in this process and stream the answer, then the stats line."""
+    from homespec.engine.generate import generate
+    from homespec.engine.loader import load_pair
+    from homespec.engine.types import GenerationStats
+
     color = sys.stdout.isatty()
     in_draft = False  # --explain without a terminal: [brackets] around accepted-draft spans
     with load_pair(manifest, pair) as loaded:
@@ -386,6 +413,38 @@ def derive_cmd(src: Path, dst: Path, file_type: str, force: bool) -> None:
     from homespec.setup_models import derive
 
     derive(src, dst, file_type, report=err, force=force)
+
+
+def in_a_child(run: Callable[[], None], pair: str) -> None:
+    """Run `run` in a forked child and wait: its output is this command's; a child that
+    llama.cpp killed (an RPC worker lost) becomes a clean error naming the likely cause."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into click
+        code = 0
+        try:
+            run()
+        except HomespecError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            code = exc.exit_code
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = signal.Signals(os.WTERMSIG(status)).name
+        raise EngineError(
+            f"llama.cpp died ({sig}) while answering with pair {pair!r}, whose target spreads "
+            "over RPC workers: one of them may have stopped",
+            "see `homespec doctor`; `homespec serve` survives this and re-plans the pair",
+        )
+    if os.WEXITSTATUS(status):
+        sys.exit(os.WEXITSTATUS(status))
 
 
 for _command in (serve, status, report, reload, worker):

@@ -206,3 +206,22 @@ def test_a_worker_lost_mid_request_fails_that_request_and_the_pair_comes_back_wi
         assert "worker b answers again: re-planning the pair" in d.log()
     finally:
         d.stop()
+
+
+def test_ask_says_what_happened_when_a_worker_is_lost_mid_answer(
+    demo_manifest: Manifest, workers: dict[str, Worker], tmp_path: Path
+) -> None:
+    config = manifest_file(demo_manifest, tmp_path, workers, {"a": "200MiB", "b": "1GiB"})
+    cmd = [sys.executable, "-m", "homespec", "ask", "--config", str(config), "--local"]
+    cmd += ["--max-tokens", "400", "--no-spec", PROMPTS[1]]
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **RAM_BUDGET}
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.read(8)  # it is answering, with layers on both workers
+        workers["b"].kill()
+        proc.wait(timeout=120)
+        err = proc.stderr.read().decode()
+    assert proc.returncode == 1, err
+    assert "llama.cpp died (SIGABRT) while answering with pair 'split'" in err
+    assert "RPC workers: one of them may have stopped" in err and "homespec doctor" in err
