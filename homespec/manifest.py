@@ -166,7 +166,11 @@ class PairSpec(_Strict):
         "(about 250 bytes each; 0 = only the request at hand)",
     )
     spec_min_max_tokens: int = Field(
-        32, ge=0, description="answers capped below this many tokens run plain"
+        32,
+        ge=0,
+        description="answers capped below this many tokens never use the draft model (its "
+        "catch-up cannot pay back): the governor may still draft by n-gram lookup, and a "
+        "forced drafter runs plain",
     )
     spec_max_temperature: float = Field(
         1.0, ge=0.0, description="requests hotter than this run plain"

@@ -82,7 +82,7 @@ def test_ask_streams_text_and_prints_one_stats_line(demo_manifest: Manifest) -> 
     code, out, err = ask_demo("Say hello.", "--max-tokens", "8")
     assert code == 0 and out.strip()
     assert err.strip().count("\n") == 0
-    assert "plain (max_tokens 8 < 32)" in err
+    assert "max_tokens 8 < 32: n-gram lookup only" in err
     assert "tok/s" in err
 
 

@@ -310,6 +310,9 @@ def test_plain_runs_always_say_why(demo_pair: LoadedPair) -> None:
 
     rt = demo_pair.runtime
     _, stats, _ = run(rt, messages=chat("hi"), max_tokens=8)
+    assert "max_tokens 8 < 32: n-gram lookup only" in why(stats)
+    assert stats.mode == ("speculative" if stats.draft_steps else "plain")
+    _, stats, _ = run(rt, messages=chat("hi"), max_tokens=8, drafter="model")
     assert (stats.mode, why(stats)) == ("plain", "max_tokens 8 < 32")
     off = {"creative": TaskPolicy(speculative=False)}
     rt_off = replace(rt, spec=rt.spec.model_copy(update={"tasks": off}))

@@ -40,7 +40,7 @@ def test_by_default_the_governor_drafts_capped_by_a_draft_tokens_set_anywhere() 
     [
         ({"speculative": False}, "request: speculation off"),
         ({"task": "creative"}, "task creative: speculation off"),
-        ({"max_tokens": 8}, "max_tokens 8 < 32"),
+        ({"max_tokens": 8, "drafter": "hybrid"}, "max_tokens 8 < 32"),
         ({"temperature": 1.5}, "temperature 1.5 > 1"),
     ],
 )
@@ -49,6 +49,15 @@ def test_each_plain_decision_says_why(kw: dict[str, object], reason: str) -> Non
     assert d.mode == "plain"
     assert d.drafter == "none"
     assert d.reason == reason
+
+
+def test_a_short_answer_never_pays_for_a_draft_model_but_may_look_up_n_grams() -> None:
+    d = _decide(max_tokens=8)  # the governor, without the draft model
+    assert (d.mode, d.drafter, d.use_model) == ("speculative", "auto", False)
+    assert d.reason.endswith("; max_tokens 8 < 32: n-gram lookup only)")
+    assert _decide(max_tokens=32).use_model  # at the limit the draft model is allowed again
+    forced = _decide(max_tokens=8, drafter="model")
+    assert (forced.mode, forced.reason) == ("plain", "max_tokens 8 < 32")
 
 
 def test_forcing_speculation_overrides_the_static_rules() -> None:

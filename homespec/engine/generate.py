@@ -117,15 +117,18 @@ def _governed(
     k: int,
     params: SamplingParams,
     rng: np.random.Generator,
+    *,
+    use_model: bool = True,
 ) -> tuple[str, Proposal, Choice]:
     """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
-    up first: a match is known before the step), the draft model, or none."""
+    up first: a match is known before the step), the draft model (when `use_model`), or none."""
     ledger = rt.ledger
     match = rt.ngram.propose(history, k, params, rng).tokens
-    lag = len(history) - _shared_prefix(rt.draft.ctx.tokens, history) if rt.draft else 0
+    draft = rt.draft if use_model else None
+    lag = len(history) - _shared_prefix(draft.ctx.tokens, history) if draft else 0
     inputs = ledger.inputs(
         task,
-        has_model=rt.draft is not None,
+        has_model=draft is not None,
         match=len(match),
         max_k=k,
         model_lag=lag,
@@ -137,9 +140,9 @@ def _governed(
         if rt.ngram.from_memory:
             choice = replace(choice, reason=choice.reason + "; matched in an earlier request")
         return "ngram", Proposal(match[: choice.k]), choice
-    if choice.option == "model" and rt.draft is not None:
+    if choice.option == "model" and draft is not None:
         t0 = time.perf_counter()
-        proposal = rt.draft.propose(history, choice.k, params, rng)
+        proposal = draft.propose(history, choice.k, params, rng)
         ledger.observe_draft(len(proposal.tokens), (time.perf_counter() - t0) * 1000.0)
         return "model", proposal, choice
     return "none", Proposal([]), choice
@@ -291,7 +294,9 @@ def _steps(
             adapter.tick()
         source, proposal = "none", Proposal([])
         if decision.drafter == "auto" and k > 0:
-            source, proposal, last = _governed(rt, req.task, history, k, params, rng)
+            source, proposal, last = _governed(
+                rt, req.task, history, k, params, rng, use_model=decision.use_model
+            )
             used[source] = used.get(source, 0) + 1
         elif drafter is not None and k > 0:
             t0 = time.perf_counter()

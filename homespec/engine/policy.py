@@ -62,6 +62,7 @@ def decide(
     if pair.draft == NO_DRAFT and req.drafter is None and not (task and task.drafter):
         return plain(f'pair {pair_name}: draft = "none"')
     degraded = ""
+    use_model = True
     if has_model and drafter in ("model", "hybrid", "auto") and not draft_available:
         why = unavailable_reason or "draft model unavailable"
         if drafter == "model":
@@ -72,11 +73,17 @@ def decide(
     if req.speculative is None:
         if task is not None and task.speculative is False:
             return plain(f"task {req.task}: speculation off")
-        if req.max_tokens < pair.spec_min_max_tokens:
-            return plain(f"max_tokens {req.max_tokens} < {pair.spec_min_max_tokens}")
         temperature = effective_temperature(pair, req)
         if temperature > pair.spec_max_temperature:
             return plain(f"temperature {temperature:g} > {pair.spec_max_temperature:g}")
+        if req.max_tokens < pair.spec_min_max_tokens:
+            short = f"max_tokens {req.max_tokens} < {pair.spec_min_max_tokens}"
+            if drafter != "auto":
+                return plain(short)
+            # Too short to pay back a draft model's catch-up, but an answer that repeats the
+            # prompt ("Is 7919 prime?" "7919 is prime") costs n-gram lookup nothing to try: the
+            # governor drafts only where a match promises to pay, else steps plain.
+            use_model, degraded = False, f"; {short}: n-gram lookup only"
     why = "request: speculation forced on" if req.speculative else "speculative"
     length = f"at most {draft_tokens}" if drafter == "auto" else str(draft_tokens)
     return Decision(
@@ -84,6 +91,7 @@ def decide(
         drafter=drafter,
         draft_tokens=draft_tokens,
         reason=f"{why} ({DRAFTER_LABELS[drafter]}, {length} tokens/step{degraded})",
+        use_model=use_model,
     )
 
 

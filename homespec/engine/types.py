@@ -45,6 +45,7 @@ class Decision:
     drafter: DrafterOrNone
     draft_tokens: int
     reason: str
+    use_model: bool = True  # the governor may pick the draft model (else n-gram or nothing)
 
 
 @dataclass
