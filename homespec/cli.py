@@ -428,6 +428,10 @@ def in_a_child(run: Callable[[], None], pair: str) -> None:
         except HomespecError as exc:
             click.echo(f"Error: {exc}", err=True)
             code = exc.exit_code
+        except KeyboardInterrupt:  # Ctrl-C reaches both processes: the parent says "Aborted!"
+            code = 130
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:
             traceback.print_exc()
             code = 1

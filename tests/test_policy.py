@@ -58,6 +58,9 @@ def test_a_short_answer_never_pays_for_a_draft_model_but_may_look_up_n_grams() -
     assert _decide(max_tokens=32).use_model  # at the limit the draft model is allowed again
     forced = _decide(max_tokens=8, drafter="model")
     assert (forced.mode, forced.reason) == ("plain", "max_tokens 8 < 32")
+    # a draft already dropped is still said, not replaced by the short-answer note
+    dropped = _decide(max_tokens=8, available=False)
+    assert "draft dropped: n-gram lookup only" in dropped.reason and not dropped.use_model
 
 
 def test_forcing_speculation_overrides_the_static_rules() -> None:

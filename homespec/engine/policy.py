@@ -83,7 +83,9 @@ def decide(
             # Too short to pay back a draft model's catch-up, but an answer that repeats the
             # prompt ("Is 7919 prime?" "7919 is prime") costs n-gram lookup nothing to try: the
             # governor drafts only where a match promises to pay, else steps plain.
-            use_model, degraded = False, f"; {short}: n-gram lookup only"
+            use_model = False
+            if "n-gram lookup only" not in degraded:  # the draft may already be unavailable
+                degraded += f"; {short}: n-gram lookup only"
     why = "request: speculation forced on" if req.speculative else "speculative"
     length = f"at most {draft_tokens}" if drafter == "auto" else str(draft_tokens)
     return Decision(
