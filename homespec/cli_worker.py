@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 
 import click
 
 from homespec.cli_common import err, load_llama_first
 from homespec.errors import ConfigError
+from homespec.paths import cache_dir as cache_dir_of_homespec
 from homespec.workers import DEFAULT_PORT, public_bind
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "homespec" / "rpc"
 
 
 @click.command()
@@ -111,7 +106,7 @@ def worker(
         ]
     if why:
         err(f"homespec worker: WARNING: {why}; anyone who reaches port {port} can use this box")
-    cache_dir = _cache_dir() if cache else None
+    cache_dir = cache_dir_of_homespec() / "rpc" if cache else None
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
     endpoint = f"{host}:{port}"

@@ -45,6 +45,14 @@ CONFIG_ENV = "HOMESPEC_CONFIG"
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)]
 
 
+def _size(field: str, text: str) -> None:
+    """A size the schema keeps as text ("6GiB"), checked now with its field named."""
+    try:
+        parse_size(text)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {exc}") from None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -215,14 +223,8 @@ class MemorySpec(_Strict):
         for device, size in self.budget.items():
             if not re.fullmatch(r"ram|cuda\d+|metal", device):
                 raise ValueError(f"budget: unknown device {device!r} (ram, cudaN or metal)")
-            try:
-                parse_size(size)
-            except ValueError as exc:
-                raise ValueError(f"budget.{device}: {exc}") from None
-        try:
-            parse_size(self.min_free)
-        except ValueError as exc:
-            raise ValueError(f"min_free: {exc}") from None
+            _size(f"budget.{device}", size)
+        _size("min_free", self.min_free)
         return self
 
 
@@ -245,10 +247,7 @@ class WorkerSpec(_Strict):
 
         split_endpoint(self.endpoint)
         if self.budget is not None:
-            try:
-                parse_size(self.budget)
-            except ValueError as exc:
-                raise ValueError(f"budget: {exc}") from None
+            _size("budget", self.budget)
         return self
 
 

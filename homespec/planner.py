@@ -1,35 +1,22 @@
 """Memory planner: what a pair will take on each device, and the best arrangement that fits.
 
 Pure functions of (GGUF metadata, machine, pair settings): nothing here loads a model or probes
-anything, so every rung of the ladder is tested with hand-written machines.
-
-Estimates (docs/ARCHITECTURE.md, "Memory", has the measurements behind the constants):
-- weights: the file's tensor bytes; layers offload from the last one, the token embedding stays
-  on the CPU, the output matrix goes to the GPU only when every layer does (a tied embedding is
-  then copied there).
-- KV cache: Σ layers n_head_kv × (key_length + value_length) × 2 bytes (f16) × cells, cells =
-  n_ctx rounded up to 256; sliding-window layers are full size (llama.cpp's swa_full default).
-- compute: attention scores for one layer (n_ubatch × cells × n_head × 4 bytes, ×1.6 for the
-  softmax copy), masks, activations and the logits of up to `n_outputs` positions; fitted to what
-  llama.cpp really touched on the demo models, then a margin on top.
+anything, so every rung of the ladder is tested with hand-written machines. What one model
+takes per device is footprint.py's estimate; this module adds the reserves, the margin and the
+CUDA runtime, and walks the fallback ladder.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from homespec.footprint import KV_CELL_PAD, Footprint, estimate, kv_cells
 from homespec.gguf_meta import GGUFInfo
 from homespec.resources import RAM, Gpu, Machine
 from homespec.sizes import GiB, MiB, fmt_size
 from homespec.vocab import RUNGS, PlanMode, Rung
 
-KV_CELL_PAD = 256
-KV_BYTES_PER_ELEMENT = 2.0  # f16 K and V, llama.cpp's default cache type
-KQ_FACTOR = 1.6  # scores + softmax output alive at once (measured: 1.6 on SmolLM2, Gemma 3)
-ACTIVATION_ROWS = 3  # ~3 × (n_embd + n_ff) floats per batch token alive at the peak (measured)
-HOST_OVERHEAD = 14 * MiB  # per loaded model: vocabulary, token cache, graph metadata (measured)
-HOST_OVERHEAD_PER_TOKEN = 80  # bytes per vocabulary entry (measured: 49k and 262k vocabularies)
 ESTIMATE_MARGIN = 0.10  # added to every device's estimate
 RAM_RESERVE = 256 * MiB  # left free for the OS and the rest of the process
 GPU_RESERVE = 1 * GiB  # left free per GPU: driver, display, others (llama.cpp's fitter keeps 1 GiB)
@@ -41,113 +28,6 @@ REMOTE_RESERVE = 512 * MiB  # left free per RPC worker device (its OS, its rpc b
 # shows it per card.
 GPU_RUNTIME = 640 * MiB
 GPU_RUNTIME_HOST = 240 * MiB
-N_UBATCH = 512
-
-
-@dataclass(frozen=True)
-class Footprint:
-    """One model's estimated bytes per device ("ram", "cuda0", ...)."""
-
-    weights: dict[str, int] = field(default_factory=dict)
-    kv: dict[str, int] = field(default_factory=dict)
-    compute: dict[str, int] = field(default_factory=dict)
-
-    def on(self, device: str) -> int:
-        return sum(part.get(device, 0) for part in (self.weights, self.kv, self.compute))
-
-    @property
-    def total(self) -> int:
-        return sum(self.on(d) for d in self.devices)
-
-    @property
-    def devices(self) -> list[str]:
-        return sorted({*self.weights, *self.kv, *self.compute})
-
-
-def _add(d: dict[str, int], device: str, n: float) -> None:
-    if n:
-        d[device] = d.get(device, 0) + int(n)
-
-
-def kv_cells(n_ctx: int) -> int:
-    return -(-n_ctx // KV_CELL_PAD) * KV_CELL_PAD
-
-
-def layer_devices(
-    n_layer: int, offload: tuple[tuple[str, int], ...] | list[tuple[str, int]]
-) -> list[str]:
-    """The device of each of the model's n_layer + 1 layers (the last one is the output), as
-    llama.cpp assigns them: `offload` lists the devices in llama.cpp's order with how many layers
-    each takes (their sum is n_gpu_layers); the last layers go to them in that order, the
-    others stay in RAM. llama.cpp counts the output as a layer and offloads it first."""
-    n = min(sum(c for _, c in offload), n_layer + 1)
-    out = [RAM] * (n_layer + 1 - n)
-    for device, count in offload:
-        out += [device] * count
-    return out[: n_layer + 1]
-
-
-def estimate(
-    info: GGUFInfo,
-    *,
-    n_ctx: int,
-    n_outputs: int,
-    gpu_layers: int = 0,
-    gpu: str | None = None,
-    n_ubatch: int = N_UBATCH,
-    remote: tuple[tuple[str, int], ...] = (),
-) -> Footprint:
-    """Bytes per device for one model and its context. `gpu_layers` is llama.cpp's n_gpu_layers
-    for the local GPU (-1: all, the output included); `remote` gives RPC devices their layers
-    first (llama.cpp puts RPC devices before local GPUs)."""
-    n_layer = info.block_count
-    taken = sum(c for _, c in remote)
-    local = 0
-    if gpu is not None:
-        local = n_layer + 1 - taken if gpu_layers < 0 else min(gpu_layers, n_layer + 1 - taken)
-    offload = [*remote, *([(gpu, local)] if gpu is not None and local > 0 else [])]
-    where = layer_devices(n_layer, offload)
-    w: dict[str, int] = {}
-    kv: dict[str, int] = {}
-    compute: dict[str, int] = {}
-    cells = kv_cells(n_ctx)
-    for i, layer_bytes in enumerate(info.layer_bytes):
-        _add(w, where[i], layer_bytes)
-        n_kv = info.n_head_kv[i] if i < len(info.n_head_kv) else 0
-        _add(
-            kv,
-            where[i],
-            n_kv * (info.key_length + info.value_length) * KV_BYTES_PER_ELEMENT * cells,
-        )
-    _add(w, RAM, info.embd_bytes)
-    output_device = where[n_layer]
-    if info.output_bytes:
-        _add(w, output_device, info.output_bytes)
-    elif output_device != RAM:  # tied: llama.cpp copies the embedding to the output's device
-        _add(w, output_device, info.embd_bytes)
-    _add(w, output_device, info.other_bytes)
-    ubatch = min(n_ubatch, n_ctx)
-    kv_cells_used = cells if not info.recurrent else ubatch
-    graph = (
-        ubatch * kv_cells_used * max(info.n_head, 1) * 4 * KQ_FACTOR
-        + ubatch * kv_cells_used * 4 * (2 if info.sliding_window else 1)
-        + ubatch * 4 * ACTIVATION_ROWS * (info.embedding_length + info.n_ff)
-    )
-    logits = n_outputs * info.vocab_size * 4
-    # One compute buffer per backend that runs layers: the local one (the GPU when it holds
-    # any, else the CPU) with the logits, and each RPC device that holds layers.
-    compute_device = gpu if gpu is not None and local > 0 else RAM
-    _add(compute, compute_device, graph + (logits if output_device == compute_device else 0))
-    for device, count in remote:
-        if count:
-            _add(compute, device, graph + (logits if output_device == device else 0))
-    # Host side: vocabulary and caches, the logits output buffer, the input embeddings.
-    host = HOST_OVERHEAD + HOST_OVERHEAD_PER_TOKEN * info.vocab_size
-    host += n_outputs * info.vocab_size * 4
-    if output_device != RAM:
-        host += ubatch * info.embedding_length * 4 * 2
-    _add(compute, RAM, host)
-    return Footprint(w, kv, compute)
 
 
 @dataclass(frozen=True)

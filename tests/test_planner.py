@@ -8,6 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from homespec.footprint import estimate
 from homespec.gguf_meta import GGUFInfo
 from homespec.planner import (
     GPU_RESERVE,
@@ -16,7 +17,6 @@ from homespec.planner import (
     RAM_RESERVE,
     PairRequest,
     candidates,
-    estimate,
     evaluate,
     plan_pair,
 )

@@ -15,12 +15,14 @@ from click.testing import CliRunner
 from homespec.cli import cli
 from homespec.daemon import rpc_watch
 from homespec.errors import ConfigError
+from homespec.footprint import layer_devices
 from homespec.manifest import load_manifest
-from homespec.planner import evaluate, layer_devices, plan_pair
+from homespec.planner import evaluate, plan_pair
 from homespec.resources import RAM, Remote
 from homespec.sizes import GiB, MiB
 from homespec.workers import probe, public_bind, remotes, split_endpoint
 
+from .daemon_process import free_port
 from .test_planner import TARGET, box, request
 
 
@@ -102,12 +104,6 @@ def test_the_worker_command_says_when_its_port_is_taken() -> None:
 # --- probing --------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def silent_listener() -> Iterator[int]:
     """A port that accepts connections and never says a word (like a worker busy with another
@@ -137,7 +133,7 @@ def silent_listener() -> Iterator[int]:
 
 
 def test_a_worker_nobody_listens_for_is_unreachable_at_once() -> None:
-    st = probe("gone", f"127.0.0.1:{_free_port()}", 2.0)
+    st = probe("gone", f"127.0.0.1:{free_port()}", 2.0)
     assert not st.reachable
     assert st.reason.startswith("unreachable (") and "within 2 s" in st.reason
     assert st.probe_ms < 2000

@@ -17,7 +17,7 @@ from homespec.daemon.states import WorkerState
 from homespec.daemon.worker import PairWorker
 from homespec.engine.protocol import EngineInfo
 from homespec.manifest import Manifest
-from homespec.workers import probe
+from homespec.workers import probe_all
 
 
 def layout(info: EngineInfo | None) -> dict[str, object]:
@@ -45,11 +45,10 @@ def decide(down: Sequence[str], reachable: Mapping[str, bool]) -> str:
 def look(manifest: Manifest, down: Sequence[str]) -> dict[str, bool]:
     """Whether each worker answers a full probe (blocking: run it in a thread)."""
     specs = manifest.spec.workers
-    return {
-        w: probe(w, specs[w].endpoint, specs[w].connect_timeout_s).reachable
-        for w in down
-        if w in specs
-    }
+    found = probe_all(
+        {w: (specs[w].endpoint, specs[w].connect_timeout_s) for w in down if w in specs}
+    )
+    return {w: st.reachable for w, st in found.items()}
 
 
 async def check(w: PairWorker, waiting: set[str]) -> str:

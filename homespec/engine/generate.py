@@ -88,9 +88,12 @@ def prompt_tokens(rt: PairRuntime, req: GenerationRequest) -> tuple[list[int], s
     if req.messages is not None:
         # Message contents are text: a typed <|im_end|> is not the template's end of turn.
         tokens = chat_tokens(model, req.messages, allow_special=rt.spec.allow_special_tokens)
-        how = PROMPT_FORMATS["chat" if model.has_chat_template() else "transcript"]
-        if model.has_chat_template() and (problem := model.template_problem()):
+        if not model.has_chat_template():
+            how = PROMPT_FORMATS["transcript"]
+        elif problem := model.template_problem():
             how = f"{PROMPT_FORMATS['builtin']} ({problem})"
+        else:
+            how = PROMPT_FORMATS["chat"]
     elif req.prompt is not None:
         # A raw prompt is the caller's own rendering: its control tokens are meant.
         tokens, how = model.tokenize(req.prompt, special=True), PROMPT_FORMATS["raw"]

@@ -28,9 +28,10 @@ from homespec.engine.llama_backend import (
 )
 from homespec.engine.neighbours import ThreadAdapter, physical_cores
 from homespec.errors import OutOfMemoryError
+from homespec.footprint import Footprint, estimate
 from homespec.manifest import Manifest, PairSpec
 from homespec.pairs import PairFiles, inspect_pair, plan
-from homespec.planner import Arrangement, Footprint, PairPlan, estimate, runtime_cost, uses_gpu
+from homespec.planner import Arrangement, PairPlan, runtime_cost, uses_gpu
 from homespec.resources import RAM, Machine, cuda_used, probe_machine
 from homespec.sizes import fmt_size
 from homespec.workers import attach
