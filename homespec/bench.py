@@ -2,16 +2,19 @@
 
 Same prompts, same settings, one loaded pair: plain decoding and each speculative mode run
 interleaved per prompt (the order rotates so no mode always runs on a warmer cache), after a
-warm-up. Speedups are ratios of medians measured in this one run, never compared to numbers from
-another run or machine.
+warm-up. A task's tok/s is its answer tokens over its end-to-end time, all its runs together
+(a median of runs would pick one prompt's figure when a task mixes long and short answers);
+speedups are ratios of those from this one run, never compared to numbers from another run
+or machine.
 
 Every run starts where a server that just answered some other chat would be: its caches hold
 another conversation (so a run reuses the chat template's opening, as a daemon or llama-server
 does, but nothing of its own prompt; a server compared with `--against` is sent that other
 chat before each of its runs too), and the n-gram memory holds the workload's earlier prompts
-and answers, never the prompt at hand (it learns each prompt once, from the last of its runs,
-and starts empty at each repeat; a remote server's memory, e.g. llama-server's ngram-mod,
-cannot be emptied, so with `--repeat` above 1 it has seen the prompt before).
+and answers, never the prompt at hand (it learns each prompt once, from the last of its runs).
+The memory starts empty at each repeat, unless servers are compared with `--against`: their
+memories (llama-server's ngram-mod table) cannot be emptied, so from the second repeat on they
+have seen the prompt before, and homespec's memory is kept too, to be fair to both.
 """
 
 from __future__ import annotations
@@ -184,7 +187,7 @@ def run_bench(
     total = len(items) * repeat * len(names)
     memory = rt.ngram.memory
     for rep in range(repeat):
-        if memory is not None:
+        if memory is not None and not by_label:  # see the module docstring
             memory.clear()
         for idx, item in enumerate(items):
             shift = (idx + rep) % len(names)
@@ -223,6 +226,12 @@ def _median(values: Iterable[float]) -> float:
     return float(statistics.median(list(values)))
 
 
+def _throughput(runs: list[Run]) -> float:
+    """Answer tokens per second of end-to-end time, over all these runs together."""
+    ms = sum(r.stats.e2e_ms for r in runs)
+    return 1000.0 * sum(r.stats.completion_tokens for r in runs) / ms if ms > 0 else 0.0
+
+
 def summarize(runs: list[Run], *, temperature: float = 0.0) -> list[Row]:
     plain = {(r.item, r.repeat): r for r in runs if r.mode == PLAIN}
     groups: dict[tuple[str, str], list[Run]] = {}
@@ -234,11 +243,11 @@ def summarize(runs: list[Run], *, temperature: float = 0.0) -> list[Row]:
         proposed = sum(r.stats.proposed_tokens for r in rs)
         accepted = sum(r.stats.accepted_tokens for r in rs)
         draft_steps = sum(r.stats.draft_steps for r in rs)
-        tps = _median(r.stats.tokens_per_s for r in rs)
+        tps = _throughput(rs)
         base = [plain[(r.item, r.repeat)] for r in rs if (r.item, r.repeat) in plain]
         speedup = lo = hi = identical = None
-        if base and mode != PLAIN:
-            speedup = tps / _median(b.stats.tokens_per_s for b in base)
+        if base and mode != PLAIN and _throughput(base) > 0:
+            speedup = tps / _throughput(base)
             ratios = [
                 r.stats.tokens_per_s / plain[(r.item, r.repeat)].stats.tokens_per_s
                 for r in rs

@@ -254,10 +254,15 @@ def bench(
 ) -> None:
     """A/B benchmark: plain vs each speculative mode of a pair, on the same prompts.
 
-    Reports per task the median tok/s, e2e and ttft, accept rate, mean accepted drafts per
-    step, speedup vs plain (ratio of medians from this run, with the per-prompt min–max) and
-    the share of answers identical to plain decoding's. With --against, other servers get the
-    same requests, interleaved with homespec's, and their speedup is against homespec plain.
+    Reports per task the tok/s (answer tokens over end-to-end time, all runs together), the
+    median e2e and ttft, accept rate, mean accepted drafts per step, speedup vs plain (ratio of
+    tok/s from this run, with the per-prompt min–max) and the share of answers identical to
+    plain decoding's. With --against, other servers get the same requests, interleaved with
+    homespec's, and their speedup is against homespec plain.
+
+    Each repeat starts with an empty n-gram memory, except with --against: the other servers'
+    memories cannot be emptied (llama-server's ngram-mod), so homespec's is kept as well and
+    later repeats find the prompt's earlier answer in both.
     """
     load_llama_first()
     from homespec.bench import bench_pair, render_table

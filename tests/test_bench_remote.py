@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from homespec.bench import render_table, run_bench, summarize
+from homespec.bench import Run, render_table, run_bench, summarize
 from homespec.bench_remote import Remote, parse_against, run_remote
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
-from homespec.engine.types import Message
+from homespec.engine.types import GenerationStats, Message
 from homespec.errors import ConfigError, RequestError
 from homespec.manifest import PairSpec
 from homespec.workload import WorkItem
@@ -97,3 +97,54 @@ def test_the_bench_memory_learns_each_prompt_once_after_all_its_runs(
     # per prompt: one run, then the other, which learns as it ends (before it is reported)
     item = ["run", "learn", "run"]
     assert events == ["clear", *item, *item] * 2
+
+
+def test_against_another_server_the_memory_is_kept_across_repeats_as_theirs_is(
+    other: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama-server's ngram-mod table cannot be emptied between repeats: it has seen the prompt
+    from the second repeat on, so homespec's memory must have too, or the table is unfair."""
+    spec = PairSpec(target="t", draft="ngram")
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, NgramDrafter(memory_tokens=4096))
+    memory = rt.ngram.memory
+    assert memory is not None
+    cleared: list[int] = []
+    forget = memory.clear
+    monkeypatch.setattr(memory, "clear", lambda: (cleared.append(len(memory)), forget()))
+    remote = parse_against(f"fake={other.url}/v1", 1)
+    with httpx.Client(timeout=30) as client:
+        run_bench(rt, items(), modes=["plain", "ngram"], repeat=2, remotes=[remote], client=client)
+    assert cleared == [] and len(memory) > 0
+
+
+def _run(item: int, mode: str, rep: int, tokens: int, tok_s: float) -> Run:
+    stats = GenerationStats("plain", "", "none", completion_tokens=tokens)
+    stats.e2e_ms = stats.ttft_ms = 1000.0 * tokens / tok_s
+    return Run("extract", item, rep, mode, "", stats)
+
+
+def test_a_tasks_tok_s_is_its_tokens_over_its_time_not_one_prompts_median() -> None:
+    """Measured on this box (extract, --repeat 3): a median of six runs of two prompts is the
+    mean of one prompt's slowest and the other's fastest run, and it had auto 10% behind forced
+    n-gram where the runs' tokens over their time have them 3% apart."""
+    rates = {
+        "auto": ([50.2, 63.2, 67.2], [44.5, 43.0, 43.2]),
+        "ngram": ([63.6, 63.8, 65.6], [40.9, 39.4, 41.6]),
+        "plain": ([37.9, 39.2, 48.5], [41.3, 35.8, 36.5]),
+    }
+    runs = [
+        _run(item, mode, rep, tokens, per_prompt[item][rep])
+        for mode, per_prompt in rates.items()
+        for item, tokens in enumerate((256, 110))
+        for rep in range(3)
+    ]
+    rows = {r.mode: r for r in summarize(runs) if r.task == "extract"}
+
+    def throughput(mode: str) -> float:
+        seconds = sum(t / r for t, rs in zip((256, 110), rates[mode], strict=True) for r in rs)
+        return 3 * (256 + 110) / seconds
+
+    for mode in rates:
+        assert rows[mode].tokens_per_s == pytest.approx(throughput(mode))
+    assert rows["auto"].speedup == pytest.approx(throughput("auto") / throughput("plain"))
+    assert rows["auto"].tokens_per_s / rows["ngram"].tokens_per_s == pytest.approx(0.97, abs=0.01)
