@@ -128,8 +128,9 @@ def test_a_draft_model_that_must_first_catch_up_on_a_long_stretch_is_priced_so()
 
 def test_drafts_grow_past_what_was_tried_when_every_tried_position_is_kept() -> None:
     """Only 6-token drafts were ever tried (a forced drafter), all kept: on a flat curve the
-    governor stretches a few untried positions at a time, and as those are kept too, further:
-    long drafts within a handful of steps, never a jump straight to 64 on no evidence."""
+    governor at most doubles the deepest tried length per step, and as those are kept too,
+    doubles again: long drafts within a handful of steps, never a jump straight to 64 on no
+    evidence."""
     acc = Acceptance()
     for _ in range(200):
         acc.record(6, 6)
@@ -148,8 +149,29 @@ def test_drafts_grow_past_what_was_tried_when_every_tried_position_is_kept() -> 
         k = choose(inp).k
         ks.append(k)
         acc.record(k, k)  # every drafted token kept
-    assert 6 < ks[0] < 32  # beyond what was tried, not to the end on faith
-    assert ks == sorted(ks) and ks[-1] > 24, ks
+    assert 6 < ks[0] <= 12  # beyond what was tried, not to the end on faith
+    assert ks == sorted(ks) and ks[-1] == 64, ks
+    assert ks.index(64) <= 4  # 12, 24, 48, 64: doubling, not a position at a time
+
+
+def test_n_gram_acceptance_is_a_constant_hazard_and_the_draft_models_compounds() -> None:
+    """A copied continuation that was right for 8 tokens is priced to stay right at the
+    measured rate past them (an edit breaks it anywhere); a draft model's untried positions
+    are priced lower and lower (its errors compound). Same measurements, same costs."""
+    acc = Acceptance()
+    for _ in range(300):
+        acc.record(8, 8)
+    v = curve(1.0, 0.05)
+    ngram = Inputs(v, None, 0.01, {"ngram": acc, "model": Acceptance()}, 64, 64, 1, "ngram")
+    model = Inputs(v, 0.001, 0.01, {"ngram": Acceptance(), "model": acc}, 0, 64, 1, "model")
+    k_ngram, k_model = choose(ngram).k, choose(model).k
+    assert k_ngram == 16  # the reach: twice the deepest tried, all priced at ~0.99
+    assert 8 <= k_model < k_ngram
+    # The reach is what was tried: failures early keep it short.
+    short = Acceptance()
+    for _ in range(300):
+        short.record(8, 1)  # position 2 always rejected: positions 3.. never tried
+    assert short.reach() == 8 and Acceptance().reach() == 8
 
 
 def test_an_unmeasured_draft_model_is_priced_by_a_prior_so_it_gets_tried() -> None:

@@ -38,7 +38,9 @@ EXPLORE_EVERY = 32  # steps after an option's last use before it is re-tried
 EXPLORE_K = 3
 EXPLORE_MAX_LAG = 8  # tokens a draft model may lag behind and still be explored
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
-STRETCH = 0.9  # an untried draft position: this times the estimate of the one before it
+STRETCH = 0.9  # an untried draft-model position: this times the estimate of the one before it
+MIN_REACH = 8  # drafts may always be this long; longer only REACH_GROWTH × the deepest tried
+REACH_GROWTH = 2
 DECAY = 0.99  # per recorded step: acceptance evidence ages
 DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a target token
 # N-gram acceptance is kept per match length: a proposal whose context agrees with the
@@ -113,16 +115,28 @@ class Acceptance:
     def rate(self, i: int, prior: float) -> float:
         return (self.kept[i] + prior * PRIOR_WEIGHT) / (self.tries[i] + PRIOR_WEIGHT)
 
+    def reach(self) -> int:
+        """How long a draft may be on the evidence: REACH_GROWTH × the deepest position tried
+        at least once lately (MIN_REACH before that). Draft lengths grow by doubling as long
+        drafts keep being kept, like a congestion window, never straight to 64 on faith."""
+        deepest = next((i + 1 for i in range(MAX_K - 1, -1, -1) if self.tries[i] >= 1.0), 0)
+        return max(MIN_REACH, REACH_GROWTH * deepest)
 
-def expected_by_length(acc: Acceptance, prior: float) -> Iterator[float]:
+
+def expected_by_length(acc: Acceptance, prior: float, stretch: float = 1.0) -> Iterator[float]:
     """Tokens one step commits on average when it drafts k = 1, 2, … (one value per k).
-    Position i's prior is STRETCH × position i-1's estimate: a position never tried is taken
-    to behave a little worse than the one before it, so long drafts are reached by stretching
-    what works a few positions at a time. (Taken as equal, 6-token drafts kept 97% of the time
+    A position's prior is `stretch` × the estimate of the position before it.
+
+    N-gram lookup (stretch 1): a continuation that has been right so far is as likely to stay
+    right at the next token as it was at the last; a copied file or a remembered answer breaks
+    at an edit, anywhere, so acceptance is a constant hazard per position and untried
+    positions are priced at the deepest measured rate (`reach` bounds how far that is taken).
+    The draft model (STRETCH): its errors compound, so an untried position is taken to behave
+    a little worse than the one before it. (Taken as equal, 6-token drafts kept 97% of the time
     priced a never-tried 64-token draft-model step as a win; on a CPU it cost 1 s a step.)"""
     total, survive = 1.0, 1.0
     for i in range(MAX_K):
-        prior = acc.rate(i, prior * STRETCH if i else prior)
+        prior = acc.rate(i, prior * stretch if i else prior)
         survive *= prior
         total += survive
         yield total
@@ -179,19 +193,23 @@ def catch_up_ms(inp: Inputs) -> float:
 
 def best_k(inp: Inputs, option: Option) -> Estimate | None:
     """The draft length with the best throughput for `option`, or None when it cannot run."""
+    acc = inp.acceptance[option]
     if option == "ngram":
         limit, per_token, fixed = min(inp.ngram_match, inp.max_k), 0.0, inp.ngram_ms
+        stretch = 1.0
     elif inp.draft_ms is None:
         return None
     else:
         limit, per_token, fixed = inp.max_k, inp.draft_ms, catch_up_ms(inp)
+        stretch = STRETCH
+    limit = min(limit, acc.reach())
     if limit <= 0:
         return None
-    acc = inp.acceptance[option]
     prior = acc.prior
     best: Estimate | None = None
     previous = 1.0
-    for k, tokens in zip(range(1, limit + 1), expected_by_length(acc, prior), strict=False):
+    lengths = expected_by_length(acc, prior, stretch)
+    for k, tokens in zip(range(1, limit + 1), lengths, strict=False):
         survive, previous = tokens - previous, tokens  # the chance all k drafts are kept
         cost = inp.verify.at(k + 1)
         if cost is None:
