@@ -162,9 +162,10 @@ def status(url: str | None, as_json: bool) -> None:
         costs = p.get("costs") or {}
         if costs.get("verify_ms"):
             curve = ", ".join(f"{n}→{ms:.0f}" for n, ms in costs["verify_ms"].items())
-            draft = costs.get("draft_ms_per_token")
-            per = f"; draft {draft:.1f} ms/token" if draft is not None else ""
-            click.echo(f"{'':<14} costs: target decode ms by tokens {curve}{per}")
+            click.echo(f"{'':<14} costs: target decode ms by tokens {curve}")
+        if costs.get("draft_ms"):
+            batches = ", ".join(f"{n}→{ms:.0f}" for n, ms in costs["draft_ms"].items())
+            click.echo(f"{'':<14}        draft decode ms by tokens {batches}")
         for role, v in (p.get("repack") or {}).items():
             if v.get("note"):
                 click.echo(f"{'':<14} {role}: {v['note']}")

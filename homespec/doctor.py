@@ -344,10 +344,11 @@ def render_pair(r: PairReport) -> list[str]:
         lines += ["    " + line for line in render_memory(r.measured).splitlines()]
     if r.costs:
         curve = ", ".join(f"{n}→{ms:g}" for n, ms in r.costs["verify_ms"].items())
-        draft = r.costs.get("draft_ms_per_token")
+        draft = r.costs.get("draft_ms") or {}
         lines.append(f"  costs   one target decode, ms by tokens in it: {curve}")
-        if draft is not None:
-            lines.append(f"          draft model: {draft:g} ms per token")
+        if draft:
+            batches = ", ".join(f"{n}→{ms:g}" for n, ms in draft.items())
+            lines.append(f"          one draft-model decode, ms by tokens in it: {batches}")
     return lines
 
 

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from homespec.engine.generate import calibrate
+from homespec.engine.governor import cost_report
 from homespec.engine.loader import LoadedPair, load_pair
 from homespec.manifest import load_manifest
 from homespec.resources import RAM
@@ -45,10 +46,7 @@ def main(argv: list[str]) -> int:
         rows = memory_rows(loaded)
         calibrate(loaded.runtime)
         ledger = loaded.runtime.ledger
-        costs = {
-            "verify_ms": {str(n): round(ms, 2) for n, ms in sorted(ledger.verify.points.items())},
-            "draft_ms_per_token": None if ledger.draft_ms is None else round(ledger.draft_ms, 2),
-        }
+        costs = cost_report(ledger.verify.points, ledger.draft.points)
         print(json.dumps({"memory": rows, "costs": costs}))
     return 0
 

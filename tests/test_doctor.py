@@ -163,6 +163,9 @@ def test_prediction_within_15_percent_of_measured_memory(demo_manifest: Manifest
     curve = {int(n): ms for n, ms in found["costs"]["verify_ms"].items()}
     assert set(curve) >= {1, 8} and curve[8] > curve[1] > 0
     assert found["costs"]["draft_ms_per_token"] > 0
+    # and the draft model's, by tokens in a decode: a catch-up on history is one batch
+    draft = {int(n): ms for n, ms in found["costs"]["draft_ms"].items()}
+    assert set(draft) == {1, 8, 32} and draft[32] > draft[8] > draft[1] > 0
 
 
 def test_a_pair_never_set_up_is_one_line_not_a_failure(

@@ -226,7 +226,7 @@ def _ledger_that_drafts(rt: PairRuntime) -> Ledger:
     """Measurements under which the governor picks the draft model: a flat verify curve, a
     cheap draft token, drafts nearly always kept. What it picks must not bend the output."""
     ledger = Ledger(verify=CostCurve({1: 10.0, 2: 10.5, 4: 11.0, 8: 12.0}))
-    ledger.draft_ms = 1.0
+    ledger.draft = CostCurve({1: 1.0, 8: 1.5})
     table = ledger.acceptance(None)
     for _ in range(50):
         table["model"].record(1, 1)

@@ -126,6 +126,32 @@ def test_a_draft_model_that_must_first_catch_up_on_a_long_stretch_is_priced_so()
     assert c.option == "none" and "draft model est" in c.reason
 
 
+def test_a_catch_up_is_priced_on_the_draft_models_own_batch_costs() -> None:
+    """Measured here: a Q4_1 draft costs 0.4x the F32 target for one token but 1.7x for a
+    256-token batch (quantized batches are compute-bound). Scaling the target's curve by the
+    one-token ratio priced a 243-token catch-up at a quarter of its cost; the draft's own
+    curve prices it right, and the draft model is not chosen behind such a lag."""
+    from homespec.engine.governor import catch_up_ms
+
+    target = CostCurve({1: 23.0, 8: 39.0, 32: 85.0, 64: 147.0})
+    draft = CostCurve({1: 9.5, 8: 37.7, 32: 121.7})
+    acc = {"ngram": Acceptance(), "model": seen(0.97)}
+    inp = Inputs(target, 9.5, 0.01, acc, 0, 8, 1, "none", model_lag=243, draft_curve=draft)
+    assert catch_up_ms(inp) == pytest.approx(121.7 + (121.7 - 37.7) / 24 * 211)  # ~860 ms
+    assert choose(inp).option == "none"
+    unmeasured = Inputs(target, 9.5, 0.01, acc, 0, 8, 1, "none", model_lag=243)
+    assert catch_up_ms(unmeasured) < catch_up_ms(inp) / 2  # the old estimate
+
+
+def test_the_cost_curve_never_falls_past_its_last_point() -> None:
+    """Real steps measure neighbouring sizes; noise that makes the last segment fall must not
+    price a long batch at nothing (it priced a 243-token catch-up at 0 ms)."""
+    v = CostCurve({1: 20.0, 2: 26.0, 4: 32.0, 8: 40.0, 16: 58.0, 30: 96.0, 31: 95.0})
+    assert v.at(243) == pytest.approx(95.0 + (95.0 - 40.0) / 23 * 212)  # from 8, not 30
+    flat = CostCurve({1: 20.0, 2: 19.0})
+    assert flat.at(64) == 19.0
+
+
 def test_drafts_grow_past_what_was_tried_when_every_tried_position_is_kept() -> None:
     """Only 6-token drafts were ever tried (a forced drafter), all kept: on a flat curve the
     governor at most doubles the deepest tried length per step, and as those are kept too,
@@ -182,7 +208,7 @@ def test_an_unmeasured_draft_model_is_priced_by_a_prior_so_it_gets_tried() -> No
     inp = ledger.inputs(None, has_model=True, match=0, max_k=8)
     assert inp.draft_ms == 20.0 * DRAFT_COST_PRIOR
     assert ledger.inputs(None, has_model=False, match=0, max_k=8).draft_ms is None
-    ledger.observe_draft(4, 20.0)
+    ledger.observe_draft([(1, 5.0), (1, 5.0)])
     assert ledger.inputs(None, has_model=True, match=0, max_k=8).draft_ms == 5.0
 
 

@@ -20,6 +20,7 @@ from homespec.daemon import rpc_watch
 from homespec.daemon.metrics import Metrics
 from homespec.daemon.systemd import notify
 from homespec.daemon.worker import Outcome, PairWorker
+from homespec.engine.governor import cost_report
 from homespec.engine.types import GenerationRequest
 from homespec.errors import HomespecError, UnknownModel
 from homespec.manifest import Manifest, load_manifest
@@ -488,10 +489,7 @@ class Daemon:
                 "draft_loaded": info.draft_loaded,
                 "load_ms": {role: round(ms) for role, ms in info.load_ms.items()},
             }
-            out["costs"] = {
-                "verify_ms": {str(n): round(ms, 2) for n, ms in sorted(info.verify_ms.items())},
-                "draft_ms_per_token": None if info.draft_ms is None else round(info.draft_ms, 2),
-            }
+            out["costs"] = cost_report(info.verify_ms, info.draft_ms)
             out["repack"] = {
                 role: {"repack": v.repack, "source": v.source, "note": v.note or None}
                 for role, v in info.repack.items()

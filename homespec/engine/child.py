@@ -116,7 +116,7 @@ def describe(
         repack=dict(held.repack) if held else {},
         load_ms=dict(held.load_ms) if held else {},
         verify_ms=dict(rt.ledger.verify.points),
-        draft_ms=rt.ledger.draft_ms,
+        draft_ms=dict(rt.ledger.draft.points),
         prompt_note=rt.target.model.template_problem(),
     )
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,17 +48,32 @@ class ModelDrafter:
         # Stop drafting once the draft's own top probability drops below p_min: a token it is
         # unsure of is unlikely to be accepted, and every rejected draft costs target compute.
         self.p_min = p_min
+        self._decodes: list[tuple[int, float]] = []
 
     def reset(self) -> None:
         """Nothing to do: the cache is matched against each new history by prefix."""
+
+    def lag(self, history: list[int]) -> int:
+        """Tokens of `history` this draft has not decoded (its next proposal decodes them
+        first, in one batch)."""
+        return len(history) - shared_prefix(self.ctx.tokens, history)
+
+    def take_decodes(self) -> list[tuple[int, float]]:
+        """(tokens, ms) of each decode since the last call: what the governor prices the draft
+        model by (the first decode of a proposal also catches up on the history)."""
+        out, self._decodes = self._decodes, []
+        return out
 
     def propose(
         self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
         tokens: list[int] = []
         probs: list[Probs] = []
+        first = max(1, self.lag(history))
         for _ in range(k):
+            t0 = time.perf_counter()
             logits = self.ctx.extend(history + tokens, 1)[0]
+            self._decodes.append((1 if tokens else first, (time.perf_counter() - t0) * 1000.0))
             if params.greedy:
                 token = int(np.argmax(logits))
                 if self.p_min > 0.0 and tokens:
@@ -74,6 +90,14 @@ class ModelDrafter:
             if self.ctx.model.is_eog(token):
                 break
         return Proposal(tokens, None if params.greedy else probs)
+
+
+def shared_prefix(cached: list[int], history: list[int]) -> int:
+    """How much of `history` a context already holds (it only ever falls behind at the end)."""
+    n = min(len(cached), len(history))
+    if cached[:n] == history[:n]:
+        return n
+    return next(i for i in range(n) if cached[i] != history[i])
 
 
 class NgramDrafter:

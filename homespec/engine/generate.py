@@ -128,7 +128,7 @@ def _governed(
     ledger = rt.ledger
     match = rt.ngram.propose(history, k, params, rng).tokens
     draft = rt.draft if use_model else None
-    lag = len(history) - _shared_prefix(draft.ctx.tokens, history) if draft else 0
+    lag = draft.lag(history) if draft else 0
     inputs = ledger.inputs(
         task,
         has_model=draft is not None,
@@ -144,53 +144,46 @@ def _governed(
             choice = replace(choice, reason=choice.reason + "; matched in an earlier request")
         return "ngram", Proposal(match[: choice.k]), choice
     if choice.option == "model" and draft is not None:
-        t0 = time.perf_counter()
         proposal = draft.propose(history, choice.k, params, rng)
-        ledger.observe_draft(len(proposal.tokens), (time.perf_counter() - t0) * 1000.0)
+        ledger.observe_draft(draft.take_decodes())
         return "model", proposal, choice
     return "none", Proposal([]), choice
 
 
-def _shared_prefix(cached: list[int], history: list[int]) -> int:
-    """How much of `history` a context already holds (it only ever falls behind at the end)."""
-    n = min(len(cached), len(history))
-    if cached[:n] == history[:n]:
-        return n
-    return next(i for i in range(n) if cached[i] != history[i])
+def _costs(
+    ctx: Target, base: list[int], filler: list[int], sizes: tuple[int, ...], n_logits: bool
+) -> dict[int, float]:
+    """ms of one decode of n tokens after `base`, the faster of two tries (a neighbour's burst
+    only ever slows one down), for each n that fits; logits for all n, or for the last only."""
+    ctx.clear()
+    ctx.extend(base, 1)
+    ctx.extend(base + filler, 1)  # a throwaway decode: threads and caches settle first
+    out: dict[int, float] = {}
+    for n in sizes:
+        if (n_logits and n > ctx.n_outputs_max) or len(base) + n > ctx.n_ctx:
+            break
+        best = math.inf
+        for _ in range(2):
+            ctx.extend(base, 1)  # the cache holds `base` (its last position re-decoded)
+            t0 = time.perf_counter()
+            ctx.extend(base + filler * n, n if n_logits else 1)  # decodes exactly n tokens
+            best = min(best, (time.perf_counter() - t0) * 1000.0)
+        out[n] = best
+    ctx.clear()
+    return out
 
 
 def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> None:
-    """Measure this machine's cost of one target decode of n tokens for a few n, and of one
-    draft-model token, on a scratch sequence; the governor starts from these and keeps them
-    current from real steps. Leaves both caches empty."""
-    t = rt.target
-    filler = (t.model.tokenize(" the", special=False) or [0])[-1:]
+    """Measure this machine's cost of one target decode of n tokens for a few n, and of a
+    draft-model decode of 1, 8 and 32 tokens (a draft catching up on history decodes a batch),
+    on a scratch sequence; the governor starts from these and keeps them current from real
+    steps. Leaves both caches empty."""
+    filler = (rt.target.model.tokenize(" the", special=False) or [0])[-1:]
     base = filler * 32
-    t.clear()
-    t.extend(base, 1)
-    t.extend(base + filler, 1)  # a throwaway decode: threads and caches settle first
-    for n in sizes:
-        if n > t.n_outputs_max or len(base) + n > t.n_ctx:
-            break
-        best = math.inf
-        for _ in range(2):  # the faster of two: a neighbour's burst only ever slows one down
-            t0 = time.perf_counter()
-            t.extend(base + filler * n, n)  # re-decodes exactly the last n positions
-            best = min(best, (time.perf_counter() - t0) * 1000.0)
-        rt.ledger.verify.observe(n, best)
-    t.clear()
+    for n, ms in _costs(rt.target, base, filler, sizes, n_logits=True).items():
+        rt.ledger.verify.observe(n, ms)
     if rt.draft is not None:
-        d = rt.draft.ctx
-        d.clear()
-        d.extend(base, 1)
-        best = math.inf
-        for _ in range(2):
-            t0 = time.perf_counter()
-            for i in range(1, 5):
-                d.extend(base + filler * i, 1)
-            best = min(best, (time.perf_counter() - t0) * 1000.0)
-        rt.ledger.observe_draft(4, best)
-        d.clear()
+        rt.ledger.observe_draft(list(_costs(rt.draft.ctx, base, filler, (1, 8, 32), False).items()))
     rt.ledger.quiet = CostCurve(dict(rt.ledger.verify.points))
     LOG.info(
         "pair %s: decode cost (ms) by tokens %s; draft %s ms/token",
@@ -302,10 +295,9 @@ def _steps(
             )
             used[source] = used.get(source, 0) + 1
         elif drafter is not None and k > 0:
-            t0 = time.perf_counter()
             source, proposal = drafter.kind, drafter.propose(history, k, params, rng)
-            if source == "model":
-                ledger.observe_draft(len(proposal.tokens), (time.perf_counter() - t0) * 1000.0)
+            if source in ("model", "hybrid") and rt.draft is not None:
+                ledger.observe_draft(rt.draft.take_decodes())
         drafts = proposal.tokens
         t0 = time.perf_counter()
         logits = rt.target.extend(history + drafts, len(drafts) + 1)

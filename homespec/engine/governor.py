@@ -83,12 +83,30 @@ class CostCurve:
         xs = sorted(self.points)  # a handful of points
         if len(xs) == 1:
             return self.points[xs[0]] * (1 + self.slope * (n - xs[0]))
+        if n > xs[-1]:
+            # Past the last point, the slope over a wide stretch (from the last point measured
+            # at half its size or less): real steps measure neighbouring sizes (30, 31 tokens)
+            # whose noise can make the last segment fall, and a falling slope priced a draft
+            # model's 243-token catch-up at nothing. Cost never falls with more tokens.
+            hi = xs[-1]
+            lo = max((x for x in xs if x <= hi / 2), default=xs[0])
+            slope = (self.points[hi] - self.points[lo]) / (hi - lo)
+            return self.points[hi] + max(0.0, slope) * (n - hi)
         i = bisect.bisect_left(xs, n)
-        lo, hi = (
-            (xs[0], xs[1]) if i == 0 else (xs[-2], xs[-1]) if i == len(xs) else (xs[i - 1], xs[i])
-        )
+        lo, hi = (xs[0], xs[1]) if i == 0 else (xs[i - 1], xs[i])
         y0, y1 = self.points[lo], self.points[hi]
         return max(0.0, y0 + (y1 - y0) * (n - lo) / (hi - lo))
+
+
+def cost_report(verify: dict[int, float], draft: dict[int, float]) -> dict[str, Any]:
+    """Measured costs as status and doctor show them (JSON): ms of one target decode and of
+    one draft-model decode by tokens in it, and ms per draft-model token."""
+    per_token = CostCurve(dict(draft)).at(1)
+    return {
+        "verify_ms": {str(n): round(ms, 2) for n, ms in sorted(verify.items())},
+        "draft_ms_per_token": None if per_token is None else round(per_token, 2),
+        "draft_ms": {str(n): round(ms, 2) for n, ms in sorted(draft.items())},
+    }
 
 
 @dataclass
@@ -177,14 +195,19 @@ class Inputs:
     current: Option  # what the last step chose (for hysteresis)
     model_lag: int = 0  # history tokens the draft model has not decoded yet (catch-up first)
     last_used: dict[Option, int] = field(default_factory=dict)  # step each option last ran
+    draft_curve: CostCurve | None = None  # the draft model's decode cost by tokens in it
 
 
 def catch_up_ms(inp: Inputs) -> float:
     """What the draft model pays before it can draft: one batched decode of the tokens it has
-    not seen (committed by n-gram or plain steps), priced on the target's curve scaled by the
-    draft's relative cost."""
+    not seen (committed by n-gram or plain steps), from the draft's own cost curve. Without
+    one (a single size measured), the target's curve scaled by the draft's relative cost: an
+    underestimate for a quantized draft, whose batches are compute-bound (on this CPU a Q4_1
+    draft costs 0.4× the F32 target for one token but 1.7× for 256)."""
     if inp.model_lag <= 0 or inp.draft_ms is None:
         return 0.0
+    if inp.draft_curve is not None and len(inp.draft_curve.points) > 1:
+        return inp.draft_curve.at(inp.model_lag) or 0.0
     one, batch = inp.verify.at(1), inp.verify.at(inp.model_lag)
     if not one or batch is None:
         return 0.0
@@ -284,7 +307,7 @@ class Ledger:
 
     verify: CostCurve = field(default_factory=CostCurve)
     quiet: CostCurve = field(default_factory=CostCurve)  # the calibration's, never updated
-    draft_ms: float | None = None
+    draft: CostCurve = field(default_factory=CostCurve)  # the draft model's, ms by tokens
     ngram_ms: float = 0.02
     # by task: "model", and "ngram@B" for n-gram matches in bucket B (MATCH_BUCKETS)
     by_task: dict[str | None, dict[str, Acceptance]] = field(default_factory=dict)
@@ -356,10 +379,15 @@ class Ledger:
                 restored += 1
         return restored
 
-    def observe_draft(self, tokens: int, ms: float) -> None:
-        if tokens > 0:
-            per = ms / tokens
-            self.draft_ms = per if self.draft_ms is None else 0.8 * self.draft_ms + 0.2 * per
+    @property
+    def draft_ms(self) -> float | None:
+        """One draft-model token's cost (None: never measured)."""
+        return self.draft.at(1)
+
+    def observe_draft(self, decodes: list[tuple[int, float]]) -> None:
+        """The draft model's decodes of one proposal: (tokens in it, ms)."""
+        for n, ms in decodes:
+            self.draft.observe(n, ms)
 
     def inputs(
         self,
@@ -385,4 +413,5 @@ class Ledger:
             self.current,
             model_lag,
             dict(self.last_used),
+            self.draft if has_model else None,
         )

@@ -99,9 +99,9 @@ class EngineInfo:
     repack: dict[str, Verdict] = field(default_factory=dict)  # by role
     load_ms: dict[str, float] = field(default_factory=dict)
     # The governor's measured costs when this was sent: ms of one target decode by tokens in
-    # it, and ms per draft-model token.
+    # it, and of one draft-model decode by tokens in it.
     verify_ms: dict[int, float] = field(default_factory=dict)
-    draft_ms: float | None = None
+    draft_ms: dict[int, float] = field(default_factory=dict)
     prompt_note: str = ""  # the target's chat template is not rendered as written, and why
 
 
