@@ -32,6 +32,17 @@ def engine_pid(d: Daemon, pair: str = "smollm2") -> int:
     return pid
 
 
+def kill_engine(d: Daemon, pid: int, sig: int) -> None:
+    """Signal the engine read from status. Once (one run in hundreds, under Python 3.12 in
+    CI) it was already gone: say what the daemon said then, instead of a bare
+    ProcessLookupError, so the next occurrence can be explained."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        status = d.get("/homespec/status").json()["pairs"]
+        pytest.fail(f"engine {pid} was gone before the kill; status {status}\n{d.log()[-4000:]}")
+
+
 def log_lines(d: Daemon, rid: str) -> list[dict[str, Any]]:
     path = d.state_dir / "requests.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
@@ -64,7 +75,7 @@ def stream_until_killed(d: Daemon, pid: int, sig: int) -> tuple[str, dict[str, A
             if line:
                 lines.append(line)
             if len(lines) == 4:
-                os.kill(pid, sig)
+                kill_engine(d, pid, sig)
     assert lines[-1] == "data: [DONE]"
     error: dict[str, Any] = json.loads(lines[-2].removeprefix("data: "))["error"]
     return rid, error
@@ -81,7 +92,7 @@ def request_until_killed(d: Daemon, pid: int, sig: int) -> tuple[str, dict[str, 
         assert time.monotonic() < deadline
         time.sleep(0.02)
     time.sleep(0.5)  # well inside a 400-token answer
-    os.kill(pid, sig)
+    kill_engine(d, pid, sig)
     t.join(timeout=60)
     (r,) = result
     assert r.status_code == 503 and r.headers["retry-after"]
