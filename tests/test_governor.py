@@ -8,6 +8,7 @@ from homespec.engine.governor import (
     EXPLORE_EVERY,
     MAX_TASKS,
     Acceptance,
+    Choice,
     CostCurve,
     Inputs,
     Ledger,
@@ -141,6 +142,34 @@ def test_a_catch_up_is_priced_on_the_draft_models_own_batch_costs() -> None:
     assert choose(inp).option == "none"
     unmeasured = Inputs(target, 9.5, 0.01, acc, 0, 8, 1, "none", model_lag=243)
     assert catch_up_ms(unmeasured) < catch_up_ms(inp) / 2  # the old estimate
+
+
+def test_a_catch_up_is_paid_once_for_the_answer_still_to_come() -> None:
+    """An 8B target and a 1B draft on a CPU: the draft drafts well (80%) and cheaply, but has
+    not seen the 400-token prompt, and catching up costs it over 2 s. Priced into one step the
+    draft model would never be chosen after a long prompt; spread over the 200 answer tokens
+    expected it pays, and over the last 5 it does not."""
+    target = curve(150.0, 10.0)
+    draft = CostCurve({1: 20.0, 8: 60.0, 32: 200.0})
+    acc = {"ngram": Acceptance(), "model": seen(0.8)}
+
+    def pick(horizon: int) -> Choice:
+        return choose(
+            Inputs(target, 20.0, 0.01, acc, 0, 8, 1, "none", 400, {}, draft, horizon=horizon)
+        )
+
+    long = pick(200)
+    assert long.option == "model" and 1.3 < long.speedup < 2.0, long
+    assert "catching up on 400 tokens first" in long.reason
+    assert pick(0).option == "none"  # one step cannot pay for it
+    assert pick(5).option == "none"
+    ledger = Ledger()
+    assert ledger.horizon("new task", generated=0, room=500) == 64  # never seen: a guess
+    for n in (300, 300, 300):
+        ledger.observe_answer("edit", n)
+    assert ledger.horizon("edit", generated=100, room=500) == 200
+    assert ledger.horizon("edit", generated=100, room=50) == 50
+    assert ledger.horizon("edit", generated=400, room=500) == 0
 
 
 def test_the_cost_curve_never_falls_past_its_last_point() -> None:

@@ -122,6 +122,7 @@ def _governed(
     rng: np.random.Generator,
     *,
     use_model: bool = True,
+    horizon: int = 0,
 ) -> tuple[str, Proposal, Choice]:
     """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
     up first: a match is known before the step), the draft model (when `use_model`), or none."""
@@ -136,6 +137,7 @@ def _governed(
         max_k=k,
         model_lag=lag,
         match_len=rt.ngram.match_len,
+        horizon=horizon,
     )
     choice = choose(inputs)
     ledger.chose(choice.option)
@@ -290,8 +292,9 @@ def _steps(
             adapter.tick()
         source, proposal = "none", Proposal([])
         if decision.drafter == "auto" and k > 0:
+            horizon = ledger.horizon(req.task, stats.completion_tokens, room)
             source, proposal, last = _governed(
-                rt, req.task, history, k, params, rng, use_model=decision.use_model
+                rt, req.task, history, k, params, rng, use_model=decision.use_model, horizon=horizon
             )
             used[source] = used.get(source, 0) + 1
         elif drafter is not None and k > 0:
@@ -340,6 +343,8 @@ def _steps(
         stats.threads, stats.threads_reason = adapter.state.threads, adapter.state.reason
         if adapter.note:
             stats.reason += f"; {adapter.note}"
+    if decision.drafter == "auto":
+        ledger.observe_answer(req.task, stats.completion_tokens)
     if req.remember:
         rt.ngram.remember(history)
     tail = text.flush()

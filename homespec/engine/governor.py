@@ -49,6 +49,7 @@ DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a targe
 MATCH_BUCKETS = (2, 4, 8, 16, 32)
 MATCH_PRIORS = {2: 0.6, 4: 0.65, 8: 0.75, 16: 0.85, 32: 0.9}  # optimistic: tried, then learned
 STATE_VERSION = 1  # of Ledger.acceptance_state()
+HORIZON_UNKNOWN = 64  # answer tokens expected for a task whose answers were never seen
 MAX_TASKS = 64  # task names are the client's: a bounded table
 KNOWN_KEYS = {"model", *(f"ngram@{b}" for b in MATCH_BUCKETS)}  # Ledger.by_task's keys
 
@@ -196,6 +197,9 @@ class Inputs:
     model_lag: int = 0  # history tokens the draft model has not decoded yet (catch-up first)
     last_used: dict[Option, int] = field(default_factory=dict)  # step each option last ran
     draft_curve: CostCurve | None = None  # the draft model's decode cost by tokens in it
+    # Answer tokens still expected (0: unknown): a draft model's catch-up is paid once and
+    # serves every step after it, so it is spread over these (see best_k).
+    horizon: int = 0
 
 
 def catch_up_ms(inp: Inputs) -> float:
@@ -215,15 +219,24 @@ def catch_up_ms(inp: Inputs) -> float:
 
 
 def best_k(inp: Inputs, option: Option) -> Estimate | None:
-    """The draft length with the best throughput for `option`, or None when it cannot run."""
+    """The draft length with the best throughput for `option`, or None when it cannot run.
+
+    A draft model that lags behind the history first catches up, once, and then drafts for
+    as long as it is chosen; pricing that whole batch into one step meant that after a long
+    prompt (catching up on 500 tokens costs a CPU-bound draft a second) the draft model was
+    never chosen, however well it drafts. So the catch-up is spread over the answer tokens
+    still expected (`horizon`): throughput = tokens over that stretch / (catch-up + their
+    steps). With no horizon known, over this one step."""
     acc = inp.acceptance[option]
+    once = 0.0
     if option == "ngram":
         limit, per_token, fixed = min(inp.ngram_match, inp.max_k), 0.0, inp.ngram_ms
         stretch = 1.0
     elif inp.draft_ms is None:
         return None
     else:
-        limit, per_token, fixed = inp.max_k, inp.draft_ms, catch_up_ms(inp)
+        limit, per_token, fixed = inp.max_k, inp.draft_ms, 0.0
+        once = catch_up_ms(inp)
         stretch = STRETCH
     limit = min(limit, acc.reach())
     if limit <= 0:
@@ -237,7 +250,8 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
         cost = inp.verify.at(k + 1)
         if cost is None:
             return None
-        tpm = tokens / (cost + fixed + per_token * k)
+        span = max(float(inp.horizon), tokens)  # the tokens the catch-up is spread over
+        tpm = span / (once + span * (cost + fixed + per_token * k) / tokens)
         if best is None or tpm > best.tokens_per_ms:
             best = Estimate(option, k, tpm, acc.rate(0, prior))
         elif survive < 0.01:
@@ -287,9 +301,15 @@ def choose(inp: Inputs) -> Choice:
         return Choice(e.option, k, e.tokens_per_ms / plain, why)
     if best is None:
         return Choice("none", 0, 1.0, "governor: plain, drafting would not pay" + others("none"))
+    behind = (
+        f", catching up on {inp.model_lag} tokens first"
+        if best.option == "model" and inp.model_lag > 1
+        else ""
+    )
     why = (
         f"governor: {_name(best.option)}, {best.k} tokens/step, est "
         f"{best.tokens_per_ms / plain:.2f}× plain (accept {best.first_rate:.2f} at pos 1)"
+        + behind
         + others(best.option)
     )
     return Choice(best.option, best.k, best.tokens_per_ms / plain, why)
@@ -314,6 +334,7 @@ class Ledger:
     steps: int = 0
     current: Option = "none"
     last_used: dict[Option, int] = field(default_factory=dict)
+    answers: dict[str | None, float] = field(default_factory=dict)  # typical length, by task
 
     def chose(self, option: Option) -> None:
         """Record a step's choice (for hysteresis and exploration)."""
@@ -337,6 +358,20 @@ class Ledger:
         if "model" not in table:
             table["model"] = Acceptance()
         return {"ngram": table[key], "model": table["model"]}
+
+    def observe_answer(self, task: str | None, tokens: int) -> None:
+        """A finished answer's length: what the next answer to this task is expected to run."""
+        old = self.answers.pop(task, None)
+        self.answers[task] = float(tokens) if old is None else 0.7 * old + 0.3 * tokens
+        while len(self.answers) > MAX_TASKS:
+            del self.answers[next(iter(self.answers))]
+
+    def horizon(self, task: str | None, generated: int, room: int) -> int:
+        """Answer tokens still expected: the task's typical length less what is generated,
+        within the room left (unknown task: the room, at most HORIZON_UNKNOWN)."""
+        typical = self.answers.get(task)
+        left = HORIZON_UNKNOWN if typical is None else typical - generated
+        return max(0, min(room, int(left)))
 
     def acceptance_state(self) -> dict[str, Any]:
         """What was learned about acceptance, as JSON-able data (kept across restarts; costs
@@ -398,6 +433,7 @@ class Ledger:
         max_k: int,
         model_lag: int = 0,
         match_len: int = 0,
+        horizon: int = 0,
     ) -> Inputs:
         draft_ms = self.draft_ms
         if has_model and draft_ms is None:  # not measured yet: a prior, until it drafts once
@@ -414,4 +450,5 @@ class Ledger:
             model_lag,
             dict(self.last_used),
             self.draft if has_model else None,
+            horizon,
         )
