@@ -181,6 +181,19 @@ def test_the_cost_curve_never_falls_past_its_last_point() -> None:
     assert flat.at(64) == 19.0
 
 
+def test_a_curve_first_measured_at_a_batch_prices_one_token_above_zero() -> None:
+    """In-process `ask` has no calibration: the draft's first measured decode may be its
+    catch-up on a 300-token prompt. One token must not come out free, or negative."""
+    v = CostCurve({301: 1200.0}, slope=0.25)
+    assert v.at(1) == pytest.approx(1200.0 / 76)
+    assert 0 < v.at(1) < v.at(8) < v.at(301) == 1200.0
+    two = CostCurve({40: 150.0, 41: 120.0})  # noisy neighbours, first measured late
+    assert 0 < two.at(1) < two.at(40)
+    ledger = Ledger()
+    ledger.observe_draft([(301, 1200.0)])
+    assert ledger.draft_ms is not None and ledger.draft_ms > 10
+
+
 def test_drafts_grow_past_what_was_tried_when_every_tried_position_is_kept() -> None:
     """Only 6-token drafts were ever tried (a forced drafter), all kept: on a flat curve the
     governor at most doubles the deepest tried length per step, and as those are kept too,

@@ -86,8 +86,12 @@ class CostCurve:
         if not self.points:
             return None
         xs = sorted(self.points)  # a handful of points
-        if len(xs) == 1:
-            return self.points[xs[0]] * (1 + self.slope * (n - xs[0]))
+        if len(xs) == 1 or n < xs[0]:
+            # From the first point by the prior slope: its one-token cost is y / (1 + slope ×
+            # (x - 1)). (A draft's first decode is often a catch-up of hundreds of tokens;
+            # read as a one-token cost and extrapolated down, it priced a draft token below 0.)
+            x, y = xs[0], self.points[xs[0]]
+            return y / (1 + self.slope * (x - 1)) * (1 + self.slope * (n - 1))
         if n > xs[-1]:
             # Past the last point, the slope over a wide stretch (from the last point measured
             # at half its size or less): real steps measure neighbouring sizes (30, 31 tokens)
@@ -98,7 +102,7 @@ class CostCurve:
             slope = (self.points[hi] - self.points[lo]) / (hi - lo)
             return self.points[hi] + max(0.0, slope) * (n - hi)
         i = bisect.bisect_left(xs, n)
-        lo, hi = (xs[0], xs[1]) if i == 0 else (xs[i - 1], xs[i])
+        lo, hi = (xs[0], xs[1]) if i == 0 else (xs[i - 1], xs[i])  # i == 0: n is the first
         y0, y1 = self.points[lo], self.points[hi]
         return max(0.0, y0 + (y1 - y0) * (n - lo) / (hi - lo))
 
