@@ -6,7 +6,9 @@ import pytest
 
 from homespec.engine.governor import (
     EXPLORE_EVERY,
+    MATCH_PRIORS,
     MAX_TASKS,
+    PRIOR,
     Acceptance,
     Choice,
     CostCurve,
@@ -170,6 +172,21 @@ def test_a_catch_up_is_paid_once_for_the_answer_still_to_come() -> None:
     assert ledger.horizon("edit", generated=100, room=500) == 200
     assert ledger.horizon("edit", generated=100, room=50) == 50
     assert ledger.horizon("edit", generated=400, room=500) == 0
+
+
+def test_a_new_task_starts_from_what_the_pair_measured_on_its_other_tasks() -> None:
+    """A draft that agrees with its target 95% of the time on one task is priced that way on
+    a task never seen, and chosen there; a pair that measured nothing starts from the priors."""
+    ledger = Ledger(verify=curve(23.0, 2.3))
+    ledger.draft = CostCurve({1: 9.0, 8: 38.0, 32: 120.0})
+    for _ in range(200):
+        ledger.acceptance("code")["model"].record(6, 6 if _ % 20 else 0)
+    fresh = ledger.acceptance("math")["model"]
+    assert 0.9 < fresh.prior < 0.96 and fresh.tries[0] == 0  # a prior, not borrowed counts
+    inp = ledger.inputs("math", has_model=True, match=0, max_k=8, model_lag=1)
+    assert choose(inp).option == "model"
+    assert Ledger().acceptance("math")["model"].prior == PRIOR
+    assert Ledger().acceptance("math", 20)["ngram"].prior == MATCH_PRIORS[16]
 
 
 def test_the_cost_curve_never_falls_past_its_last_point() -> None:
