@@ -246,8 +246,9 @@ def summarize(runs: list[Run], *, temperature: float = 0.0) -> list[Row]:
         tps = _throughput(rs)
         base = [plain[(r.item, r.repeat)] for r in rs if (r.item, r.repeat) in plain]
         speedup = lo = hi = identical = None
-        if base and mode != PLAIN and _throughput(base) > 0:
-            speedup = tps / _throughput(base)
+        base_tps = _throughput(base)
+        if base and mode != PLAIN and base_tps > 0:
+            speedup = tps / base_tps
             ratios = [
                 r.stats.tokens_per_s / plain[(r.item, r.repeat)].stats.tokens_per_s
                 for r in rs

@@ -30,11 +30,11 @@ from homespec.cli_common import (
 from homespec.cli_daemon import reload, report, serve, status
 from homespec.cli_worker import worker
 from homespec.errors import EngineError, HomespecError
+from homespec.vocab import DRAFTERS
 
 if TYPE_CHECKING:
     from homespec.engine.types import GenerationRequest
     from homespec.manifest import Manifest
-from homespec.vocab import DRAFTERS
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

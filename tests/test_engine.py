@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -73,9 +73,14 @@ class RecordingDrafter:
             self.inner.remember(tokens)
 
     def propose(
-        self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        history: list[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        **kw: Any,  # a draft model's `lag`
     ) -> Proposal:
-        p: Proposal = self.inner.propose(history, k, params, rng)  # type: ignore[attr-defined]
+        p: Proposal = self.inner.propose(history, k, params, rng, **kw)  # type: ignore[attr-defined]
         self.calls.append((len(history), list(p.tokens)))
         self.history = history  # the engine's live list: after the run it holds the whole answer
         return p

@@ -65,11 +65,18 @@ class ModelDrafter:
         return out
 
     def propose(
-        self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        history: list[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        lag: int | None = None,
     ) -> Proposal:
+        """`lag`: `self.lag(history)`, when the caller has it already (the governor does)."""
         tokens: list[int] = []
         probs: list[Probs] = []
-        first = max(1, self.lag(history))
+        first = max(1, self.lag(history) if lag is None else lag)
         for _ in range(k):
             t0 = time.perf_counter()
             logits = self.ctx.extend(history + tokens, 1)[0]

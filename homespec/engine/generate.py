@@ -146,7 +146,7 @@ def _governed(
             choice = replace(choice, reason=choice.reason + "; matched in an earlier request")
         return "ngram", Proposal(match[: choice.k]), choice
     if choice.option == "model" and draft is not None:
-        proposal = draft.propose(history, choice.k, params, rng)
+        proposal = draft.propose(history, choice.k, params, rng, lag=lag)
         ledger.observe_draft(draft.take_decodes())
         return "model", proposal, choice
     return "none", Proposal([]), choice
