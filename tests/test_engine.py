@@ -381,3 +381,25 @@ def test_seeded_sampling_is_reproducible(demo_pair: LoadedPair) -> None:
     rt.clear_caches()
     b, _, _ = run(rt, seed=7, speculative=True, **kw)
     assert a == b and a
+
+
+def test_logits_are_a_read_only_view_of_the_latest_decode(demo_pair: LoadedPair) -> None:
+    """extend() hands out llama.cpp's own buffer (a verify step reads a few of its rows, and
+    copying all of them cost more than a GPU's verify): read-only, and what a fresh decode of
+    the same positions computes."""
+    ctx = demo_pair.runtime.target
+    history = ctx.model.tokenize("The capital of France is Paris. The capital of", special=True)
+    ctx.clear()
+    rows = ctx.extend(history, 4)
+    assert rows.shape == (4, demo_pair.runtime.target.model.n_vocab)  # type: ignore[attr-defined]
+    assert not rows.flags.writeable
+    with pytest.raises(ValueError):
+        rows[0, 0] = 0.0
+    kept = rows.copy()
+    ctx.clear()
+    for i in range(4):  # one position at a time: the same logits, up to batching's last bits
+        one = ctx.extend(history[: len(history) - 3 + i], 1)
+        assert int(np.argmax(one[0])) == int(np.argmax(kept[i]))
+        # Batching moves logits by ~0.01; another position's row differs by whole units.
+        np.testing.assert_allclose(one[0], kept[i], atol=0.1)
+        assert np.abs(kept[i] - kept[(i + 1) % 4]).max() > 1.0

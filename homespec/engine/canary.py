@@ -43,8 +43,9 @@ def run(path: Path, gpu_layers: int, repack: bool) -> dict[str, float]:
     try:
         tokens = (model.tokenize(PROMPT, special=True) * 4)[:24]
         batched = ctx.extend(tokens, 8)
+        finite = bool(np.isfinite(batched).all())  # before the next decode overwrites it
         single = ctx.extend([*tokens, int(np.argmax(batched[-1]))], 1)
-        if not (np.isfinite(batched).all() and np.isfinite(single).all()):
+        if not (finite and np.isfinite(single).all()):
             raise ValueError("llama.cpp returned non-finite logits")
     finally:
         ctx.close()

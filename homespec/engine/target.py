@@ -49,7 +49,8 @@ class Target(Protocol):
         ...
 
     def extend(self, history: list[int], n_logits: int = 1) -> npt.NDArray[np.float32]:
-        """Make the cache hold exactly `history`; the logits of its last `n_logits` positions."""
+        """Make the cache hold exactly `history`; the logits of its last `n_logits` positions,
+        valid until the next extend or clear (a view of llama.cpp's buffer, not a copy)."""
         ...
 
     def clear(self) -> None: ...
