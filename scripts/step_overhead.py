@@ -13,7 +13,8 @@ to NGRAM_K tokens a step (the same work in every run, for before/after compariso
 per step after the first token: the time inside llama_decode (target and draft) and the rest,
 which is homespec's; and, once per request, homespec's setup before the first token (chat
 template, tokenizing, n-gram indexing; the prompt's decode not counted). On a CPU the decodes
-dominate; the rest is what matters on a GPU.
+dominate; the rest is what matters on a GPU. Each row is the lowest of --repeat runs (a noisy
+neighbour only ever adds time).
 """
 
 from __future__ import annotations
