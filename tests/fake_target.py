@@ -91,6 +91,10 @@ class FakeTarget:
         self.fault = fault  # die by SIGSEGV at the first decode, as a native crash would
         self.tokens: list[int] = []
         self.decodes = 0
+        # One buffer that every decode overwrites, handed out as a read-only view: the real
+        # context's contract, so a caller that keeps logits past the next decode, or writes
+        # to them, fails here too.
+        self._logits = np.zeros((n_outputs_max, N_VOCAB), dtype=np.float32)
 
     def next_token(self, history: list[int]) -> int:
         if MARK in history:  # a chat prompt: echo the last user message
@@ -126,9 +130,11 @@ class FakeTarget:
         self.site.mark(Site.IDLE)
         self.tokens = list(history)
         self.decodes += 1
-        out = np.zeros((n_logits, N_VOCAB), dtype=np.float32)
+        self._logits.fill(0.0)
         for row, end in enumerate(range(len(history) - n_logits + 1, len(history) + 1)):
-            out[row, self.next_token(history[:end])] = 12.0
+            self._logits[row, self.next_token(history[:end])] = 12.0
+        out = self._logits[:n_logits]
+        out.flags.writeable = False  # a view: the buffer itself stays writable for the next decode
         return out
 
     def set_threads(self, n: int) -> None:
