@@ -1,9 +1,10 @@
 """The speculation decisions, pure, each with a human reason: the one place that decides.
 
-- `decide()`: for one request, speculate or not, with which drafter and how many tokens.
-  Speculation is a bet that only pays when the draft is cheap and often right; these static
-  rules turn it off where it cannot pay (short answers, hot sampling, tasks declared
-  creative). The adaptive governor (issue 8) replaces them here.
+- `decide()`: for one request, speculate or not, and with which drafter: "auto" (the
+  governor, engine/governor.py, picks drafter and length per step from measured cost and
+  acceptance) unless the request, its task or the pair forces one. The static rules here are
+  hard limits on top: speculation off on request or per task, above spec_max_temperature,
+  and, for short answers, n-gram lookup only.
 - `serving_mode()`: what a loaded pair does now and why; the daemon's /health, status and
   /metrics read it from the engine, never work it out again.
 """
@@ -98,9 +99,9 @@ def decide(
 
 
 def step_tokens(decision: Decision, *, room: int, max_outputs: int) -> int:
-    """How many tokens to draft in the next verify step: the decision's draft length, within
-    the answer's room left and what one target decode may return logits for. Asked once per
-    step: the adaptive governor (issue 8) decides here from the step's history."""
+    """The most tokens the next verify step may draft: the decision's draft length (a forced
+    drafter's length, or auto's cap), within the answer's room left and what one target decode
+    may return logits for. Under "auto" the governor then picks a length up to this."""
     if decision.mode != "speculative":
         return 0
     return max(0, min(decision.draft_tokens, room, max_outputs - 1))
