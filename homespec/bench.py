@@ -103,9 +103,10 @@ def available_modes(has_draft: bool) -> list[str]:
 
 
 def choose_modes(requested: str | None, *, has_draft: bool, pair: str) -> list[str]:
-    """The modes to run from a --modes value ("plain,ngram"); plain always included first."""
+    """The modes to run from a --modes value ("plain,ngram"); plain always included first.
+    By default plain, auto (what homespec does unless told otherwise) and every drafter forced."""
     if not requested:
-        return available_modes(has_draft)
+        return [PLAIN, AUTO, *available_modes(has_draft)[1:]]
     chosen = [m.strip() for m in requested.split(",") if m.strip()]
     allowed = [*available_modes(has_draft), "auto"]
     bad = [m for m in chosen if m not in allowed]

@@ -220,7 +220,7 @@ def _answer_here(
 @click.option(
     "--modes",
     default=None,
-    help="Comma-separated from plain,model,ngram,hybrid,auto (default: all but auto).",
+    help="Comma-separated from plain,auto,model,ngram,hybrid (default: all the pair can run).",
 )
 @click.option("--task", "tasks", multiple=True, help="Only these tasks (repeatable).")
 @click.option("--max-tokens", type=click.IntRange(1), help="Cap every request's max_tokens.")

@@ -215,20 +215,23 @@ def test_bench_json_reports_each_mode_per_task(demo_manifest: Manifest, tmp_path
         "bench", "--config", str(SHIPPED_MANIFEST), "--workload", str(workload), "--json"
     )
     assert code == 0, err
-    assert "[8/8]" in err  # progress: 2 prompts × 4 modes
+    assert "[10/10]" in err  # progress: 2 prompts × 5 modes
     payload = json.loads(out)
     rows = {(r["task"], r["mode"]): r for r in payload["tasks"]}
     assert set(rows) == {
-        (t, m) for t in ("repeat", "short", "all") for m in ("plain", "model", "ngram", "hybrid")
-    }
+        (t, m)
+        for t in ("repeat", "short", "all")
+        for m in ("plain", "auto", "model", "ngram", "hybrid")
+    }  # by default auto, what homespec does unless told otherwise, beside each forced mode
     for (_, mode), row in rows.items():
         if mode == "plain":
             assert row["speedup"] is None
             assert row["reasons"] == ["request: speculation off"]
         else:
             assert row["speedup"] > 0
-            # a draft model always proposes; n-gram lookup only where the text repeats
-            assert row["accept_rate"] is not None or mode == "ngram"
+            # a draft model always proposes; n-gram lookup only where the text repeats, and
+            # the governor only where drafting pays
+            assert row["accept_rate"] is not None or mode in ("ngram", "auto")
             # ratio of medians of two runs lies between the per-prompt ratios (the mediant)
             assert row["speedup_min"] <= row["speedup"] + 1e-9
             assert row["speedup"] <= row["speedup_max"] + 1e-9
