@@ -144,8 +144,13 @@ def test_text_completions_and_models(daemon: Daemon) -> None:
         (b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n:"),
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages.0.role"),
         (b'{"model": "smollm2", "messages": []}', 400, "messages"),
+        (
+            b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
+            400,
+            "invalid request: messages.0: content[0] has type 'image_url': only text parts",
+        ),
     ],
-    ids=["malformed", "wrong-type", "bad-max-tokens", "over-limit", "n", "role", "empty"],
+    ids=["malformed", "wrong-type", "bad-max-tokens", "over-limit", "n", "role", "empty", "image"],
 )
 def test_client_mistakes_get_400_envelopes(
     daemon: Daemon, body: bytes, status: int, needle: str

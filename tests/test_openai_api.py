@@ -3,6 +3,7 @@ fields that would change the answer are refused by name instead of dropped."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -71,6 +72,35 @@ def test_fields_that_would_change_the_answer_are_refused_by_name(
 ) -> None:
     with pytest.raises(ValidationError, match=named):
         ChatCompletionRequest.model_validate(chat(**extra))
+
+
+@pytest.mark.parametrize(
+    ("message", "named"),
+    [
+        (
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+            "content[0] has type 'image_url': only text parts",
+        ),
+        ({"role": "user", "content": [{"type": "text", "text": "a"}, "b"]}, "content[1] has type"),
+        ({"role": "tool", "tool_call_id": "1", "content": "42"}, "tool calls and tool results"),
+        (
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+            "tool calls and tool results",
+        ),
+        ({"role": "system", "content": None}, "content is missing or null"),
+    ],
+    ids=["image", "bare-string-part", "tool-result", "tool-call", "null"],
+)
+def test_what_a_text_only_server_cannot_read_is_named(message: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(named)) as info:
+        ChatCompletionRequest.model_validate({"messages": [message]})
+    assert len(info.value.errors()) == 1  # that one reason, not every union branch's mismatch
+
+
+def test_text_parts_are_joined() -> None:
+    parts = [{"type": "text", "text": "a "}, {"type": "text", "text": "b"}]
+    body = ChatCompletionRequest.model_validate(chat(messages=[{"role": "user", "content": parts}]))
+    assert body.messages[0].text() == "a b"
 
 
 def test_fields_that_ask_for_nothing_are_accepted() -> None:

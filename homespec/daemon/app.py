@@ -238,7 +238,7 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
                 problems.append(f"the body is not valid JSON ({err['ctx'].get('error', '')})")
                 continue
             loc = ".".join(str(p) for p in err["loc"] if p != "body")
-            problems.append(f"{loc or 'body'}: {err['msg']}")
+            problems.append(f"{loc or 'body'}: {err['msg'].removeprefix('Value error, ')}")
         return _error(400, "invalid request: " + "; ".join(problems), "invalid_request_error")
 
     @app.exception_handler(HTTPException)

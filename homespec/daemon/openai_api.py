@@ -33,6 +33,31 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        """What a text-only server cannot take, said plainly: the generic union error for an
+        image part listed three mismatches and not the one that mattered."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("role") in ("tool", "function") or data.get("tool_calls"):
+            raise ValueError(
+                "tool calls and tool results are not supported (homespec has no tools): "
+                "send the conversation as system, user and assistant text"
+            )
+        parts = data.get("content")
+        if parts is None:
+            raise ValueError("content is missing or null: send the message's text")
+        if isinstance(parts, list):
+            for i, part in enumerate(parts):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(
+                        f"content[{i}] has type {kind!r}: only text parts are supported "
+                        "(the models read text only)"
+                    )
+        return data
+
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
