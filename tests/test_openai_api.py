@@ -103,6 +103,32 @@ def test_text_parts_are_joined() -> None:
     assert body.messages[0].text() == "a b"
 
 
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"echo": True}, "echo is not supported"),
+        ({"suffix": "}\n"}, "suffix (fill in the middle) is not supported"),
+        ({"best_of": 3}, "best_of is not supported"),
+        ({"prompt": [1, 2, 3]}, "a prompt of token ids is not supported"),
+        ({"prompt": [[1, 2]]}, "a prompt of token ids is not supported"),
+        ({"prompt": ["a", "b"]}, "one prompt per request"),
+    ],
+    ids=["echo", "suffix", "best_of", "token-ids", "token-id-lists", "two-prompts"],
+)
+def test_completion_fields_that_would_change_the_answer_are_refused_by_name(
+    extra: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValidationError, match=re.escape(named)):
+        CompletionRequest.model_validate({"prompt": "def f(", **extra})
+
+
+def test_completion_fields_that_ask_for_nothing_are_accepted() -> None:
+    body = CompletionRequest.model_validate(
+        {"prompt": ["def f("], "echo": False, "suffix": "", "best_of": 1, "max_tokens": 3}
+    )
+    assert body.to_generation(default_max_tokens=5).prompt == "def f("
+
+
 def test_fields_that_ask_for_nothing_are_accepted() -> None:
     body = ChatCompletionRequest.model_validate(
         chat(

@@ -2,7 +2,7 @@
 
 Only what homespec can honour is accepted; OpenAI fields it cannot honour in a way that would
 change the answer (n > 1, tools, logprobs, penalties, logit_bias, a response_format other than
-text) are refused with a 400 that names them, and fields that cannot change the answer (user,
+text, image parts; for completions echo, suffix, best_of > 1, token-id prompts) are refused with a 400 that names them, and fields that cannot change the answer (user,
 metadata, a zero penalty, ...) are ignored. The extras homespec
 adds: `speculative` (true | false | "auto"), `task`, `draft_tokens`, `drafter`.
 """
@@ -185,13 +185,30 @@ class ChatCompletionRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
+    # The legacy endpoint's own fields that would change the answer: refused unless they ask
+    # for nothing (no echo, no suffix, one candidate).
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, v: str | list[str]) -> str | list[str]:
+    def _one_prompt(cls, v: Any) -> Any:
+        if isinstance(v, list) and any(isinstance(x, int | list) for x in v):
+            raise ValueError("a prompt of token ids is not supported: send the prompt as text")
         if isinstance(v, list) and len(v) != 1:
             raise ValueError("homespec takes one prompt per request")
         return v
+
+    @model_validator(mode="after")
+    def _unsupported_here(self) -> CompletionRequest:
+        if self.echo:
+            raise ValueError("echo is not supported: leave it out (the prompt is yours already)")
+        if self.suffix:
+            raise ValueError("suffix (fill in the middle) is not supported: leave it out")
+        if self.best_of not in (None, 1):
+            raise ValueError("best_of is not supported (one candidate per request): send 1")
+        return self
 
     def to_generation(self, default_max_tokens: int) -> GenerationRequest:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
