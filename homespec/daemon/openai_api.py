@@ -2,9 +2,10 @@
 
 Only what homespec can honour is accepted; OpenAI fields it cannot honour in a way that would
 change the answer (n > 1, tools, logprobs, penalties, logit_bias, a response_format other than
-text, image parts; for completions echo, suffix, best_of > 1, token-id prompts) are refused with a 400 that names them, and fields that cannot change the answer (user,
-metadata, a zero penalty, ...) are ignored. The extras homespec
-adds: `speculative` (true | false | "auto"), `task`, `draft_tokens`, `drafter`.
+text, image parts; for completions echo, suffix, best_of > 1, token-id prompts) are refused
+with a 400 that names them, and fields that cannot change the answer (user, metadata, a zero
+penalty, ...) are ignored. The extras homespec adds: `speculative` (true | false | "auto"),
+`task`, `draft_tokens`, `drafter`.
 """
 
 from __future__ import annotations
