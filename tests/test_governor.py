@@ -172,6 +172,13 @@ def test_a_catch_up_is_paid_once_for_the_answer_still_to_come() -> None:
     assert ledger.horizon("edit", generated=100, room=500) == 200
     assert ledger.horizon("edit", generated=100, room=50) == 50
     assert ledger.horizon("edit", generated=400, room=500) == 0
+    # An answer cut at max_tokens ran at least that long: it never lowers what is expected.
+    ledger.observe_answer("edit", 16, cut=True)
+    assert ledger.horizon("edit", generated=100, room=500) == 200
+    ledger.observe_answer("warmed up", 16, cut=True)
+    assert ledger.horizon("warmed up", generated=0, room=500) == 64
+    ledger.observe_answer("warmed up", 16)  # one that ended by itself does
+    assert ledger.horizon("warmed up", generated=0, room=500) < 64
 
 
 def test_a_new_task_starts_from_what_the_pair_measured_on_its_other_tasks() -> None:

@@ -344,7 +344,8 @@ def _steps(
         if adapter.note:
             stats.reason += f"; {adapter.note}"
     if decision.drafter == "auto":
-        ledger.observe_answer(req.task, stats.completion_tokens)
+        cut = stats.finish_reason == "length"
+        ledger.observe_answer(req.task, stats.completion_tokens, cut=cut)
     if req.remember:
         rt.ngram.remember(history)
     tail = text.flush()

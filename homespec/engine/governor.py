@@ -377,10 +377,19 @@ class Ledger:
         kept = sum(t[key].kept[0] for t in self.by_task.values() if key in t)
         return (kept + default * PRIOR_WEIGHT) / (tries + PRIOR_WEIGHT)
 
-    def observe_answer(self, task: str | None, tokens: int) -> None:
-        """A finished answer's length: what the next answer to this task is expected to run."""
+    def observe_answer(self, task: str | None, tokens: int, *, cut: bool = False) -> None:
+        """A finished answer's length: what the next answer to this task is expected to run.
+
+        An answer `cut` at max_tokens (or the context's end) would have run at least this long,
+        so it never lowers the typical length, nor sets one below the unknown task's guess: a
+        16-token warm-up of a task whose answers run 250 tokens had it expected at 16, and a
+        draft model that would have paid was not tried on that task's next answer."""
         old = self.answers.pop(task, None)
-        self.answers[task] = float(tokens) if old is None else 0.7 * old + 0.3 * tokens
+        if cut:
+            floor = HORIZON_UNKNOWN if old is None else old
+            self.answers[task] = max(floor, 0.7 * floor + 0.3 * tokens)
+        else:
+            self.answers[task] = float(tokens) if old is None else 0.7 * old + 0.3 * tokens
         while len(self.answers) > MAX_TASKS:
             del self.answers[next(iter(self.answers))]
 
