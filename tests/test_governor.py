@@ -9,6 +9,7 @@ from homespec.engine.governor import (
     MATCH_PRIORS,
     MAX_TASKS,
     PRIOR,
+    TRIAL_TRIES,
     Acceptance,
     Choice,
     CostCurve,
@@ -349,3 +350,59 @@ def test_the_task_table_is_bounded_and_forgets_the_least_recently_used() -> None
         ledger.acceptance("kept")  # used all along
     assert len(ledger.by_task) == MAX_TASKS and "kept" in ledger.by_task
     assert "t0" not in ledger.by_task and f"t{MAX_TASKS + 9}" in ledger.by_task
+
+
+def test_a_draft_model_never_measured_on_a_task_is_tried_there_and_then_judged() -> None:
+    """Measured on the 2-core machine: target 19 ms a token, Q4_1 draft 8 ms, a draft that
+    lags 31 tokens behind a new prompt. On the prior alone (0.6) the draft model is priced
+    below plain, so it never drafted, was never measured, and at temperature 1 it would have
+    been 1.2-1.3× plain. Now a task tries it for a few steps, and what they measure decides."""
+    target = CostCurve({1: 19.2, 2: 24.6, 4: 29.7, 8: 38.4, 16: 56.1, 32: 90.6})
+    draft = CostCurve({1: 7.5, 8: 29.3, 32: 101.0})
+
+    def run(rate_kept: float, steps: int = 40) -> list[Choice]:
+        ledger = Ledger(verify=target, draft=draft)
+        out = []
+        for n in range(steps):
+            inp = ledger.inputs("poem", has_model=True, match=0, max_k=8, horizon=64)
+            inp.model_lag = 31 if n == 0 else 2
+            c = choose(inp)
+            out.append(c)
+            ledger.chose(c.option)
+            if c.option == "model":
+                kept = next((i for i in range(c.k) if (n * 7 + i) % 100 >= rate_kept * 100), c.k)
+                ledger.acceptance("poem")["model"].record(c.k, kept)
+        return out
+
+    first = run(0.95)[0]
+    assert first.option == "model" and "trying the draft model" in first.reason, first
+    assert "catching up on 31 tokens first" in first.reason
+    good = run(0.95)
+    trial = [c for c in good if "trying" in c.reason]
+    assert 6 <= len(trial) <= TRIAL_TRIES + 1  # a few steps, then the estimate decides
+    assert all(c.option == "model" for c in good[len(trial) :])  # and it pays: kept
+    bad = run(0.2)
+    assert len([c for c in bad if "trying" in c.reason]) <= TRIAL_TRIES + 1
+    assert all(c.option == "none" for c in bad[TRIAL_TRIES + 2 :])  # judged, and dropped
+
+
+def test_a_trial_is_not_made_where_it_cannot_pay() -> None:
+    """Not behind a catch-up that costs much of the answer (a long document), not with a
+    draft as costly as its target, not where n-gram drafting already does far better."""
+    target = CostCurve({1: 19.2, 2: 24.6, 4: 29.7, 8: 38.4, 16: 56.1, 32: 90.6})
+    draft = CostCurve({1: 7.5, 8: 29.3, 32: 101.0})
+    acc = {"ngram": Acceptance(), "model": Acceptance()}
+
+    def pick(lag: int, horizon: int, curve: CostCurve = draft) -> Choice:
+        ms = curve.at(1)
+        return choose(Inputs(target, ms, 0.01, acc, 0, 8, 1, "none", lag, {}, curve, horizon))
+
+    assert "trying" in pick(31, 64).reason
+    assert pick(250, 64).option == "none"  # ~800 ms to catch up for a 64-token answer
+    assert pick(250, 2000).option == "model"  # a long answer pays for it
+    assert pick(31, 0).option == "none"  # nothing left to speed up
+    costly = CostCurve({1: 19.0, 8: 60.0, 32: 200.0})
+    assert pick(31, 64, costly).option == "none"
+    copying = {"ngram": seen(0.95), "model": Acceptance()}
+    inp = Inputs(target, 7.5, 0.01, copying, 64, 64, 1, "none", 31, {}, draft, 64)
+    assert choose(inp).option == "ngram"

@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 Option = Literal["none", "ngram", "model"]
@@ -37,6 +37,17 @@ PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior
 EXPLORE_EVERY = 32  # steps after an option's last use before it is re-tried
 EXPLORE_K = 3
 EXPLORE_MAX_LAG = 8  # tokens a draft model may lag behind and still be explored
+# A task's trial of the draft model: a draft model behind the prompt is priced on a prior until
+# it has drafted on the task, and the prior alone rarely pays for a catch-up, so left to the
+# estimate it never drafts and is never measured. While position 1 has fewer than TRIAL_TRIES
+# tries on the task, the draft model drafts (TRIAL_K or more tokens) when that could pay: once
+# caught up, its estimate is at least TRIAL_FLOOR × the best other option's, and the catch-up
+# costs at most TRIAL_SHARE of the answer still expected, at plain speed. A few steps, once a
+# task (what they measure is kept, across restarts too).
+TRIAL_TRIES = 8
+TRIAL_K = 4
+TRIAL_FLOOR = 0.8
+TRIAL_SHARE = 0.15
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
 STRETCH = 0.9  # an untried draft-model position: this times the estimate of the one before it
 MIN_REACH = 8  # drafts may always be this long; longer only REACH_GROWTH × the deepest tried
@@ -294,6 +305,9 @@ def choose(inp: Inputs) -> Choice:
         ]
         return "; " + "; ".join(rest) if rest else ""
 
+    trial = _trial(inp, max(plain, best.tokens_per_ms if best else plain))
+    if trial is not None:
+        return trial
     # Re-try, briefly, an option unused for EXPLORE_EVERY steps (not a draft model that would
     # first have to catch up on a long stretch): the first step it can run, the oldest first.
     idle = [
@@ -322,6 +336,30 @@ def choose(inp: Inputs) -> Choice:
         + others(best.option)
     )
     return Choice(best.option, best.k, best.tokens_per_ms / plain, why)
+
+
+def _trial(inp: Inputs, rival: float) -> Choice | None:
+    """A draft-model step of the task's trial (see TRIAL_TRIES), or None. `rival`: the
+    throughput of what would run instead (tokens per ms)."""
+    acc = inp.acceptance["model"]
+    if inp.draft_ms is None or acc.tries[0] >= TRIAL_TRIES or inp.horizon <= 0:
+        return None
+    plain_cost = inp.verify.at(1)
+    catch_up = catch_up_ms(inp)
+    if plain_cost is None or catch_up > TRIAL_SHARE * inp.horizon * plain_cost:
+        return None
+    caught_up = best_k(replace(inp, model_lag=0), "model")
+    if caught_up is None or caught_up.tokens_per_ms < TRIAL_FLOOR * rival:
+        return None
+    k = min(max(caught_up.k, TRIAL_K), inp.max_k)
+    behind = f", catching up on {inp.model_lag} tokens first" if inp.model_lag > 1 else ""
+    why = (
+        f"governor: trying the draft model on this task ({k} tokens/step until it has "
+        f"{TRIAL_TRIES} tries, {acc.tries[0]:.1f} so far), est "
+        f"{caught_up.tokens_per_ms * plain_cost:.2f}× plain once caught up (accept "
+        f"{caught_up.first_rate:.2f} at pos 1){behind}"
+    )
+    return Choice("model", k, caught_up.tokens_per_ms * plain_cost, why)
 
 
 def _name(option: Option) -> str:
