@@ -15,6 +15,11 @@ and answers, never the prompt at hand (it learns each prompt once, from the last
 The memory starts empty at each repeat, unless servers are compared with `--against`: their
 memories (llama-server's ngram-mod table) cannot be emptied, so from the second repeat on they
 have seen the prompt before, and homespec's memory is kept too, to be fair to both.
+
+The governor learns how often drafts are kept from `auto`'s runs only: forced modes run the
+same prompts first, and what they measured made auto look better than a server running auto
+gets (at temperature 1 the draft model had been measured by the forced runs, while auto on its
+own never tried it). Costs are the machine's and every run keeps them current.
 """
 
 from __future__ import annotations
@@ -134,6 +139,7 @@ def _request(
         speculative=None if mode == AUTO else mode != PLAIN,
         drafter=None if mode in (PLAIN, AUTO) else mode,  # type: ignore[arg-type]
         remember=remember,
+        learn=mode == AUTO,  # auto learns acceptance from its own runs only
     )
 
 

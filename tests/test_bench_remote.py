@@ -99,6 +99,22 @@ def test_the_bench_memory_learns_each_prompt_once_after_all_its_runs(
     assert events == ["clear", *item, *item] * 2
 
 
+def test_only_auto_teaches_the_governor_what_drafts_are_kept() -> None:
+    """Forced modes run the same prompts as auto; had they taught the governor, auto would be
+    measured on acceptance a server running auto never has. Only auto's own runs teach it."""
+    spec = PairSpec(target="t", draft="d", spec_min_max_tokens=0)
+
+    def learned(modes: list[str]) -> float:
+        drafter = ModelDrafter(FakeTarget(decode_s=0))
+        rt = PairRuntime("p", spec, FakeTarget(decode_s=0), drafter, NgramDrafter())
+        run_bench(rt, items(), modes=modes)
+        tables = rt.ledger.by_task.values()
+        return sum(acc.tries[0] for table in tables for acc in table.values())
+
+    assert learned(["plain", "model", "ngram", "hybrid"]) == 0
+    assert learned(["plain", "auto"]) > 0
+
+
 def test_against_another_server_the_memory_is_kept_across_repeats_as_theirs_is(
     other: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:

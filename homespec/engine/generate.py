@@ -313,7 +313,7 @@ def _steps(
         if drafts:
             stats.draft_steps += 1
             stats.proposed_tokens += len(drafts)
-            if source in ("ngram", "model"):
+            if source in ("ngram", "model") and req.learn:
                 table = ledger.acceptance(req.task, rt.ngram.match_len)
                 table[source].record(len(drafts), n_kept)  # type: ignore[index]
         emitted: list[Chunk] = []
