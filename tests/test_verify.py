@@ -137,11 +137,11 @@ def test_an_answer_cut_at_max_tokens_does_not_teach_the_governor_it_was_short() 
     long, while one that ended by itself is what its task's answers run."""
     spec = PairSpec(target="t", draft="d", spec_min_max_tokens=0)
     rt = PairRuntime("p", spec, FakeTarget(decode_s=0), ModelDrafter(FakeTarget()), NgramDrafter())
-    cut = GenerationRequest(messages=ASK, max_tokens=13, speculative="auto", task="long")
+    cut = GenerationRequest(messages=ASK, max_tokens=13, speculative=None, task="long")
     assert run(rt, cut)[1].finish_reason == "length"
     assert rt.ledger.horizon("long", generated=0, room=500) >= 64  # as if never seen
     ended = GenerationRequest(
-        messages=[Message("user", "short")], max_tokens=60, speculative="auto", task="brief"
+        messages=[Message("user", "short")], max_tokens=60, speculative=None, task="brief"
     )
     assert run(rt, ended)[1].finish_reason == "stop"
     assert rt.ledger.horizon("brief", generated=0, room=500) == len("short") + 1
