@@ -7,18 +7,17 @@ import pytest
 from homespec.engine.governor import (
     EXPLORE_EVERY,
     MATCH_PRIORS,
-    MAX_TASKS,
     PRIOR,
     TRIAL_TRIES,
     Acceptance,
     Choice,
     CostCurve,
     Inputs,
-    Ledger,
     Option,
     choose,
     expected_tokens,
 )
+from homespec.engine.ledger import MAX_TASKS, Ledger
 
 
 def curve(one: float, per_extra: float) -> CostCurve:
@@ -268,7 +267,7 @@ def test_n_gram_acceptance_is_a_constant_hazard_and_the_draft_models_compounds()
 
 
 def test_an_unmeasured_draft_model_is_priced_by_a_prior_so_it_gets_tried() -> None:
-    from homespec.engine.governor import DRAFT_COST_PRIOR, Ledger
+    from homespec.engine.ledger import DRAFT_COST_PRIOR, Ledger
 
     ledger = Ledger()
     ledger.verify.observe(1, 20.0)

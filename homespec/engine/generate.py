@@ -23,7 +23,8 @@ import numpy as np
 
 from homespec.engine.chat_text import chat_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
-from homespec.engine.governor import Choice, CostCurve, Ledger, choose
+from homespec.engine.governor import Choice, CostCurve, choose
+from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
 from homespec.engine.sampling import SamplingParams, pick, verify

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from homespec.engine.governor import Ledger
+from homespec.engine.ledger import Ledger
 from homespec.manifest import Manifest
 
 LOG = logging.getLogger("homespec.engine")

@@ -1,0 +1,182 @@
+"""What a pair has measured, for the governor (engine/governor.py) to decide from: the target's
+cost curve, the draft model's, acceptance per task and drafter (kept across restarts by
+engine/learned.py) and how long each task's answers run. The loop writes it, with timings it
+reads from the clock; `Ledger.inputs()` hands one step's view to `governor.choose()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from homespec.engine.governor import (
+    MATCH_BUCKETS,
+    MATCH_PRIORS,
+    MAX_K,
+    PRIOR,
+    PRIOR_WEIGHT,
+    Acceptance,
+    CostCurve,
+    Inputs,
+    Option,
+    match_bucket,
+)
+
+DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a target token
+STATE_VERSION = 1  # of Ledger.acceptance_state()
+HORIZON_UNKNOWN = 64  # answer tokens expected for a task whose answers were never seen
+MAX_TASKS = 64  # task names are the client's: a bounded table
+KNOWN_KEYS = {"model", *(f"ngram@{b}" for b in MATCH_BUCKETS)}  # Ledger.by_task's keys
+
+
+@dataclass
+class Ledger:
+    """What a pair has measured so far, kept for the engine's lifetime: the target's cost
+    curve, the draft model's cost per token, and acceptance per task and drafter. The loop
+    writes it (with timings it reads from the clock); `inputs()` hands it to `choose()`."""
+
+    verify: CostCurve = field(default_factory=CostCurve)
+    quiet: CostCurve = field(default_factory=CostCurve)  # the calibration's, never updated
+    draft: CostCurve = field(default_factory=CostCurve)  # the draft model's, ms by tokens
+    ngram_ms: float = 0.02
+    # by task: "model", and "ngram@B" for n-gram matches in bucket B (MATCH_BUCKETS)
+    by_task: dict[str | None, dict[str, Acceptance]] = field(default_factory=dict)
+    steps: int = 0
+    current: Option = "none"
+    last_used: dict[Option, int] = field(default_factory=dict)
+    answers: dict[str | None, float] = field(default_factory=dict)  # typical length, by task
+
+    def chose(self, option: Option) -> None:
+        """Record a step's choice (for hysteresis and exploration)."""
+        self.steps += 1
+        self.current = option
+        self.last_used[option] = self.steps
+
+    def acceptance(self, task: str | None, match_len: int = 0) -> dict[Option, Acceptance]:
+        """The task's acceptance for the draft model and for an n-gram match this long. At
+        most MAX_TASKS tasks are kept (a client names tasks): the least recently used goes."""
+        table = self.by_task.pop(task, None)
+        if table is None:
+            table = {}
+            while len(self.by_task) >= MAX_TASKS:
+                del self.by_task[next(iter(self.by_task))]
+        self.by_task[task] = table  # now the most recently used
+        bucket = match_bucket(match_len)
+        key = f"ngram@{bucket}"
+        if key not in table:
+            table[key] = Acceptance(prior=self._pooled(key, MATCH_PRIORS[bucket]))
+        if "model" not in table:
+            table["model"] = Acceptance(prior=self._pooled("model", PRIOR))
+        return {"ngram": table[key], "model": table["model"]}
+
+    def _pooled(self, key: str, default: float) -> float:
+        """A new task's prior for `key`: what this pair measured at position 1 on its other
+        tasks, shrunk toward `default` (all of it, before anything was measured). A fixed
+        0.6 kept a draft that agrees 95% of the time with its target from ever being tried
+        on a new task once it lagged behind the prompt: it priced it below plain."""
+        tries = sum(t[key].tries[0] for t in self.by_task.values() if key in t)
+        kept = sum(t[key].kept[0] for t in self.by_task.values() if key in t)
+        return (kept + default * PRIOR_WEIGHT) / (tries + PRIOR_WEIGHT)
+
+    def observe_answer(self, task: str | None, tokens: int, *, cut: bool = False) -> None:
+        """A finished answer's length: what the next answer to this task is expected to run.
+
+        An answer `cut` at max_tokens (or the context's end) would have run at least this long,
+        so it never lowers the typical length, nor sets one below the unknown task's guess: a
+        16-token warm-up of a task whose answers run 250 tokens had it expected at 16, and a
+        draft model that would have paid was not tried on that task's next answer."""
+        old = self.answers.pop(task, None)
+        if cut:
+            floor = HORIZON_UNKNOWN if old is None else old
+            self.answers[task] = max(floor, 0.7 * floor + 0.3 * tokens)
+        else:
+            self.answers[task] = float(tokens) if old is None else 0.7 * old + 0.3 * tokens
+        while len(self.answers) > MAX_TASKS:
+            del self.answers[next(iter(self.answers))]
+
+    def horizon(self, task: str | None, generated: int, room: int) -> int:
+        """Answer tokens still expected: the task's typical length less what is generated,
+        within the room left (unknown task: the room, at most HORIZON_UNKNOWN)."""
+        typical = self.answers.get(task)
+        left = HORIZON_UNKNOWN if typical is None else typical - generated
+        return max(0, min(room, int(left)))
+
+    def acceptance_state(self) -> dict[str, Any]:
+        """What was learned about acceptance, as JSON-able data (kept across restarts; costs
+        are not: they are measured again at every load)."""
+        return {
+            "version": STATE_VERSION,
+            "tasks": {
+                "" if task is None else task: {
+                    key: {"tries": acc.tries, "kept": acc.kept, "prior": acc.prior}
+                    for key, acc in table.items()
+                }
+                for task, table in self.by_task.items()
+            },
+        }
+
+    def restore_acceptance(self, state: Any) -> int:
+        """Take back what `acceptance_state` gave (tasks already learned in this process win);
+        the number of tasks restored. Anything malformed is skipped, never trusted."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            return 0
+        tasks = state.get("tasks")
+        restored = 0
+        for name, table in (tasks if isinstance(tasks, dict) else {}).items():
+            task = name or None
+            if task in self.by_task or not isinstance(table, dict):
+                continue
+            accs = {}
+            for key, raw in table.items():
+                try:
+                    tries = [max(0.0, float(x)) for x in raw["tries"]][:MAX_K]
+                    kept = [max(0.0, float(x)) for x in raw["kept"]][:MAX_K]
+                    prior = min(1.0, max(0.0, float(raw["prior"])))
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if len(tries) == len(kept) == MAX_K and key in KNOWN_KEYS:
+                    kept = [min(k, t) for k, t in zip(kept, tries, strict=True)]
+                    accs[key] = Acceptance(tries, kept, prior)
+            if accs and len(self.by_task) < MAX_TASKS:
+                self.by_task[task] = accs
+                restored += 1
+        return restored
+
+    @property
+    def draft_ms(self) -> float | None:
+        """One draft-model token's cost (None: never measured)."""
+        return self.draft.at(1)
+
+    def observe_draft(self, decodes: list[tuple[int, float]]) -> None:
+        """The draft model's decodes of one proposal: (tokens in it, ms)."""
+        for n, ms in decodes:
+            self.draft.observe(n, ms)
+
+    def inputs(
+        self,
+        task: str | None,
+        *,
+        has_model: bool,
+        match: int,
+        max_k: int,
+        model_lag: int = 0,
+        match_len: int = 0,
+        horizon: int = 0,
+    ) -> Inputs:
+        draft_ms = self.draft_ms
+        if has_model and draft_ms is None:  # not measured yet: a prior, until it drafts once
+            draft_ms = (self.verify.at(1) or 0.0) * DRAFT_COST_PRIOR
+        return Inputs(
+            self.verify,
+            draft_ms if has_model else None,
+            self.ngram_ms,
+            self.acceptance(task, match_len),
+            match,
+            max_k,
+            self.steps,
+            self.current,
+            model_lag,
+            dict(self.last_used),
+            self.draft if has_model else None,
+            horizon,
+        )
