@@ -33,9 +33,10 @@ def engine_pid(d: Daemon, pair: str = "smollm2") -> int:
 
 
 def kill_engine(d: Daemon, pid: int, sig: int) -> None:
-    """Signal the engine read from status. Once (one run in hundreds, under Python 3.12 in
-    CI) it was already gone: say what the daemon said then, instead of a bare
-    ProcessLookupError, so the next occurrence can be explained."""
+    """Signal the engine read from status, once. If it is already gone, say what the daemon
+    said then, instead of a bare ProcessLookupError. (The one time this fired in CI, the
+    stream below had signalled twice: a blank line between SSE events kept the count at the
+    kill point, and the second kill found the first one's engine already reaped.)"""
     try:
         os.kill(pid, sig)
     except ProcessLookupError:
@@ -72,8 +73,9 @@ def stream_until_killed(d: Daemon, pid: int, sig: int) -> tuple[str, dict[str, A
     with httpx.stream("POST", d.url + CHAT, json=body, timeout=60) as r:
         rid = r.headers["x-request-id"]
         for line in r.iter_lines():
-            if line:
-                lines.append(line)
+            if not line:
+                continue  # the blank line between events: counting it again would kill twice
+            lines.append(line)
             if len(lines) == 4:
                 kill_engine(d, pid, sig)
     assert lines[-1] == "data: [DONE]"
