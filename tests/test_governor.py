@@ -171,7 +171,10 @@ def test_a_catch_up_is_paid_once_for_the_answer_still_to_come() -> None:
         ledger.observe_answer("edit", n)
     assert ledger.horizon("edit", generated=100, room=500) == 200
     assert ledger.horizon("edit", generated=100, room=50) == 50
-    assert ledger.horizon("edit", generated=400, room=500) == 0
+    # Past the typical length an answer is expected to run at least half as long again.
+    assert ledger.horizon("edit", generated=250, room=500) == 125
+    assert ledger.horizon("edit", generated=400, room=500) == 200
+    assert ledger.horizon("edit", generated=400, room=20) == 20
     # An answer cut at max_tokens ran at least that long: it never lowers what is expected.
     ledger.observe_answer("edit", 16, cut=True)
     assert ledger.horizon("edit", generated=100, room=500) == 200
@@ -383,6 +386,24 @@ def test_a_draft_model_never_measured_on_a_task_is_tried_there_and_then_judged()
     bad = run(0.2)
     assert len([c for c in bad if "trying" in c.reason]) <= TRIAL_TRIES + 1
     assert all(c.option == "none" for c in bad[TRIAL_TRIES + 2 :])  # judged, and dropped
+
+
+def test_a_draft_model_that_drafts_well_stays_on_when_an_answer_outruns_its_task() -> None:
+    """Measured on the demo pair (2-core CPU): drafting 4 a step, the draft model ends each step
+    2 tokens behind (its last draft and the target's bonus token), a 12 ms catch-up. A task's
+    answers ran 20 tokens; this one is at 40 and going. Expecting nothing more of it priced
+    that catch-up into one step, and plain ran the rest of the answer."""
+    target = CostCurve({1: 17.1, 2: 23.1, 4: 28.9, 5: 29.8, 8: 37.9, 16: 53.5, 32: 89.4})
+    draft = CostCurve({1: 7.1, 8: 29.0, 16: 51.9, 32: 99.2})
+    ledger = Ledger(verify=target, draft=draft)
+    ledger.observe_answer("chat", 20)
+    ledger.by_task["chat"] = {"model": seen(0.9, k=8)}
+    ledger.chose("model")
+    horizon = ledger.horizon("chat", generated=40, room=200)
+    assert horizon == 20
+    inp = ledger.inputs("chat", has_model=True, match=0, max_k=8, model_lag=2, horizon=horizon)
+    c = choose(inp)
+    assert c.option == "model" and c.speedup > 1.1, c
 
 
 def test_a_trial_is_not_made_where_it_cannot_pay() -> None:

@@ -95,10 +95,14 @@ class Ledger:
             del self.answers[next(iter(self.answers))]
 
     def horizon(self, task: str | None, generated: int, room: int) -> int:
-        """Answer tokens still expected: the task's typical length less what is generated,
-        within the room left (unknown task: the room, at most HORIZON_UNKNOWN)."""
+        """Answer tokens still expected, within the room left: the task's typical length less
+        what is generated (a task never seen: HORIZON_UNKNOWN), and never less than half of
+        what is generated. An answer that has outrun its task's typical length is a longer
+        kind (answer lengths are long-tailed): expecting nothing more of it turned a draft
+        model that was drafting well off for the rest of it, as its next one-token catch-up
+        was then priced into a single step."""
         typical = self.answers.get(task)
-        left = HORIZON_UNKNOWN if typical is None else typical - generated
+        left = HORIZON_UNKNOWN if typical is None else max(typical - generated, generated / 2)
         return max(0, min(room, int(left)))
 
     def acceptance_state(self) -> dict[str, Any]:
