@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from homespec.engine.governor import (
@@ -166,7 +168,10 @@ def test_a_catch_up_is_paid_once_for_the_answer_still_to_come() -> None:
     assert pick(0).option == "none"  # one step cannot pay for it
     assert pick(5).option == "none"
     ledger = Ledger()
-    assert ledger.horizon("new task", generated=0, room=500) == 64  # never seen: a guess
+    # A task never seen: a guess, once its answer is not a few-token one.
+    assert ledger.horizon("new task", generated=0, room=500) == 0
+    assert ledger.horizon("new task", generated=8, room=500) == 56
+    assert ledger.horizon("new task", generated=100, room=500) == 50
     for n in (300, 300, 300):
         ledger.observe_answer("edit", n)
     assert ledger.horizon("edit", generated=100, room=500) == 200
@@ -404,6 +409,24 @@ def test_a_draft_model_that_drafts_well_stays_on_when_an_answer_outruns_its_task
     inp = ledger.inputs("chat", has_model=True, match=0, max_k=8, model_lag=2, horizon=horizon)
     c = choose(inp)
     assert c.option == "model" and c.speedup > 1.1, c
+
+
+def test_a_task_never_seen_spends_no_catch_up_on_a_few_token_answer() -> None:
+    """Measured on the demo pair: a new task's first answer ran 8 tokens ("Hello! How are you
+    today?"), and the draft model's trial caught up on the 16-token prompt first: 0.75× plain.
+    Until the answer has run a few tokens it may be that kind, so no trial starts; past them,
+    the trial does."""
+    target = CostCurve({1: 17.1, 2: 23.1, 4: 28.9, 8: 37.9, 16: 53.5, 32: 89.4})
+    draft = CostCurve({1: 7.1, 8: 29.0, 16: 51.9, 32: 99.2})
+    ledger = Ledger(verify=target, draft=draft)
+
+    def pick(generated: int) -> Choice:
+        horizon = ledger.horizon("chat", generated, room=60 - generated)
+        inp = ledger.inputs("chat", has_model=True, match=0, max_k=8, model_lag=16 + generated)
+        return choose(replace(inp, horizon=horizon))
+
+    assert pick(0).option == pick(4).option == "none"
+    assert "trying the draft model" in pick(8).reason
 
 
 def test_a_trial_is_not_made_where_it_cannot_pay() -> None:

@@ -139,7 +139,7 @@ def test_an_answer_cut_at_max_tokens_does_not_teach_the_governor_it_was_short() 
     rt = PairRuntime("p", spec, FakeTarget(decode_s=0), ModelDrafter(FakeTarget()), NgramDrafter())
     cut = GenerationRequest(messages=ASK, max_tokens=13, speculative=None, task="long")
     assert run(rt, cut)[1].finish_reason == "length"
-    assert rt.ledger.horizon("long", generated=0, room=500) >= 64  # as if never seen
+    assert rt.ledger.horizon("long", generated=0, room=500) >= 64  # a never-seen task's guess
     ended = GenerationRequest(
         messages=[Message("user", "short")], max_tokens=60, speculative=None, task="brief"
     )

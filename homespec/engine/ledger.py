@@ -25,6 +25,7 @@ from homespec.engine.governor import (
 DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a target token
 STATE_VERSION = 1  # of Ledger.acceptance_state()
 HORIZON_UNKNOWN = 64  # answer tokens expected for a task whose answers were never seen
+UNKNOWN_WAIT = 8  # answer tokens such a task's answer runs before a catch-up is spent on it
 MAX_TASKS = 64  # task names are the client's: a bounded table
 KNOWN_KEYS = {"model", *(f"ngram@{b}" for b in MATCH_BUCKETS)}  # Ledger.by_task's keys
 
@@ -95,14 +96,20 @@ class Ledger:
             del self.answers[next(iter(self.answers))]
 
     def horizon(self, task: str | None, generated: int, room: int) -> int:
-        """Answer tokens still expected, within the room left: the task's typical length less
-        what is generated (a task never seen: HORIZON_UNKNOWN), and never less than half of
-        what is generated. An answer that has outrun its task's typical length is a longer
-        kind (answer lengths are long-tailed): expecting nothing more of it turned a draft
-        model that was drafting well off for the rest of it, as its next one-token catch-up
-        was then priced into a single step."""
+        """Answer tokens still expected, over which a draft model's catch-up may be spread,
+        within the room left: the task's typical length less what is generated, and never
+        less than half of what is generated. An answer that has outrun its task's typical
+        length is a longer kind (answer lengths are long-tailed): expecting nothing more of
+        it turned a draft model that was drafting well off for the rest of it, as its next
+        one-token catch-up was then priced into a single step.
+
+        A task never seen is expected to run HORIZON_UNKNOWN tokens, but only once its answer
+        has run UNKNOWN_WAIT: until then it may be a few-token one ("22", "Hello! How are you
+        today?"), which the draft model's catch-up on the prompt made 25% slower than plain."""
         typical = self.answers.get(task)
-        left = HORIZON_UNKNOWN if typical is None else max(typical - generated, generated / 2)
+        if typical is None:
+            typical = HORIZON_UNKNOWN if generated >= UNKNOWN_WAIT else 0.0
+        left = max(typical - generated, generated / 2)
         return max(0, min(room, int(left)))
 
     def acceptance_state(self) -> dict[str, Any]:
