@@ -100,8 +100,8 @@ class Ledger:
         within the room left: the task's typical length less what is generated, and never
         less than half of what is generated. An answer that has outrun its task's typical
         length is a longer kind (answer lengths are long-tailed): expecting nothing more of
-        it turned a draft model that was drafting well off for the rest of it, as its next
-        one-token catch-up was then priced into a single step.
+        it turned a draft model that was drafting well off for the rest of it, as the 2-token
+        catch-up after each of its steps was then priced into a single step.
 
         A task never seen is expected to run HORIZON_UNKNOWN tokens, but only once its answer
         has run UNKNOWN_WAIT: until then it may be a few-token one ("22", "Hello! How are you
