@@ -21,6 +21,10 @@ from homespec.engine.governor import (
 )
 from homespec.engine.ledger import MAX_TASKS, Ledger
 
+# The demo pair's curves as measured on a 2-core CPU (ms by tokens in one decode).
+DEMO_TARGET = CostCurve({1: 17.1, 2: 23.1, 4: 28.9, 5: 29.8, 8: 37.9, 16: 53.5, 32: 89.4})
+DEMO_DRAFT = CostCurve({1: 7.1, 8: 29.0, 16: 51.9, 32: 99.2})
+
 
 def curve(one: float, per_extra: float) -> CostCurve:
     """verify(n) = one + per_extra × (n - 1), measured at a few n."""
@@ -398,9 +402,7 @@ def test_a_draft_model_that_drafts_well_stays_on_when_an_answer_outruns_its_task
     2 tokens behind (its last draft and the target's bonus token), a 12 ms catch-up. A task's
     answers ran 20 tokens; this one is at 40 and going. Expecting nothing more of it priced
     that catch-up into one step, and plain ran the rest of the answer."""
-    target = CostCurve({1: 17.1, 2: 23.1, 4: 28.9, 5: 29.8, 8: 37.9, 16: 53.5, 32: 89.4})
-    draft = CostCurve({1: 7.1, 8: 29.0, 16: 51.9, 32: 99.2})
-    ledger = Ledger(verify=target, draft=draft)
+    ledger = Ledger(verify=DEMO_TARGET, draft=DEMO_DRAFT)
     ledger.observe_answer("chat", 20)
     ledger.by_task["chat"] = {"model": seen(0.9, k=8)}
     ledger.chose("model")
@@ -416,9 +418,7 @@ def test_a_task_never_seen_spends_no_catch_up_on_a_few_token_answer() -> None:
     today?"), and the draft model's trial caught up on the 16-token prompt first: 0.75× plain.
     Until the answer has run a few tokens it may be that kind, so no trial starts; past them,
     the trial does."""
-    target = CostCurve({1: 17.1, 2: 23.1, 4: 28.9, 8: 37.9, 16: 53.5, 32: 89.4})
-    draft = CostCurve({1: 7.1, 8: 29.0, 16: 51.9, 32: 99.2})
-    ledger = Ledger(verify=target, draft=draft)
+    ledger = Ledger(verify=DEMO_TARGET, draft=DEMO_DRAFT)
 
     def pick(generated: int) -> Choice:
         horizon = ledger.horizon("chat", generated, room=60 - generated)
