@@ -18,6 +18,7 @@ from homespec.engine.governor import (
     Option,
     choose,
     expected_tokens,
+    hand_over,
 )
 from homespec.engine.ledger import MAX_TASKS, Ledger
 
@@ -449,3 +450,20 @@ def test_a_trial_is_not_made_where_it_cannot_pay() -> None:
     copying = {"ngram": seen(0.95), "model": Acceptance()}
     inp = Inputs(target, 7.5, 0.01, copying, 64, 64, 1, "none", 31, {}, draft, 64)
     assert choose(inp).option == "ngram"
+
+
+def test_a_draft_model_hands_over_to_lookup_where_lookup_is_worth_more() -> None:
+    """Part-way through a draft-model proposal lookup finds a continuation: a match that has
+    been right is taken (its tokens cost nothing to propose, the model's 7 ms each); one that
+    rarely is, is not, and the model drafts on."""
+    model = seen(0.95, k=16)
+
+    def taken(ngram: Acceptance, match: int) -> int:
+        acc: dict[Option, Acceptance] = {"ngram": ngram, "model": model}
+        inp = Inputs(DEMO_TARGET, DEMO_DRAFT.at(1), 0.02, acc, match, 12, 0, "model")
+        return hand_over(replace(inp, draft_curve=DEMO_DRAFT))
+
+    assert taken(seen(0.9), match=20) >= 8
+    assert taken(seen(0.9), match=3) == 3  # all there is
+    assert taken(seen(0.1), match=20) == 0
+    assert taken(seen(0.9), match=0) == 0  # nothing found

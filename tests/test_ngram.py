@@ -55,6 +55,21 @@ def test_a_repeating_answer_is_proposed_past_the_present() -> None:
     assert d.match_len >= 8
 
 
+def test_lookahead_matches_after_unverified_drafts_and_never_indexes_them() -> None:
+    """A draft model's tokens not verified yet are looked up after (to hand its proposal over
+    to lookup) but never indexed: the target may reject them, and the history goes on without
+    them."""
+    d = NgramDrafter(n_min=2, n_max=3)
+    history = [1, 2, 3, 7, 8, 5, 0]
+    assert d.propose(history, 3, GREEDY, RNG).tokens == []
+    assert d.lookahead(history, [1, 2], 3) == ([3, 7, 8], 2)
+    assert d.match_len == 0  # the step's own lookup is what it was
+    # Rejected: the history went on with 5, 0, 5 instead. The index holds only what was.
+    history += [5, 0, 5]
+    assert d.propose(history, 2, GREEDY, RNG).tokens == [0, 5]
+    assert NgramDrafter(n_min=2, n_max=3).propose(history, 2, GREEDY, RNG).tokens == [0, 5]
+
+
 # --- memory: earlier requests ---------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.governor import CostCurve
 from homespec.engine.sampling import SamplingParams, verify
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec
@@ -50,6 +51,26 @@ def test_sampling_with_a_one_hot_draft_keeps_the_targets_distribution() -> None:
         kept, token = verify([0], None, logits, params, rng)
         counts[0 if kept else token] += 1
     assert np.allclose(counts / n, p, atol=0.015)
+
+
+def test_a_proposal_mixing_sampled_and_looked_up_drafts_keeps_the_targets_distribution() -> None:
+    """A draft model's sampled token (q its distribution) followed by one that lookup
+    proposed (one-hot, a hand-over): each emitted position is distributed as the target's."""
+    p1, p2 = np.array([0.5, 0.3, 0.2]), np.array([0.1, 0.6, 0.3])
+    q1 = np.array([0.2, 0.2, 0.6])
+    logits = np.log(np.vstack([p1, p2, p2])).astype(np.float32)
+    params = SamplingParams(temperature=1.0)
+    rng = np.random.default_rng(11)
+    n = 30_000
+    first, second = np.zeros(3), np.zeros(3)
+    for _ in range(n):
+        drafted = int(rng.choice(3, p=q1))
+        kept, token = verify([drafted, 2], [q1, None], logits, params, rng)
+        first[drafted if kept else token] += 1
+        if kept:
+            second[2 if kept == 2 else token] += 1
+    assert np.allclose(first / n, p1, atol=0.015)
+    assert np.allclose(second / second.sum(), p2, atol=0.015)
 
 
 def runtime(**draft: int) -> PairRuntime:
@@ -145,3 +166,26 @@ def test_an_answer_cut_at_max_tokens_does_not_teach_the_governor_it_was_short() 
     )
     assert run(rt, ended)[1].finish_reason == "stop"
     assert rt.ledger.horizon("brief", generated=0, room=500) == len("short") + 1
+
+
+def test_a_draft_model_hands_a_copying_answer_over_to_lookup_and_the_output_stays_plains() -> None:
+    """The answer copies the prompt. Its first step has no n-gram match (the answer's first
+    token starts no earlier 2-gram), so the governor picks the draft model, measured right on
+    the task; one drafted token later lookup finds the prompt's text, and the rest of the
+    proposal is lookup's. Costs as the fakes sleep them: a target token 4.5 ms, a draft's 2."""
+    spec = PairSpec(target="t", draft="d", spec_min_max_tokens=0)
+    target = FakeTarget(decode_s=0.004, token_s=0.0005)
+    rt = PairRuntime("p", spec, target, ModelDrafter(FakeTarget(decode_s=0.002)), NgramDrafter())
+    rt.ledger.verify = CostCurve({n: 4.0 + 0.5 * n for n in (1, 2, 4, 8, 16, 32)})
+    rt.ledger.draft = CostCurve({1: 2.0, 8: 2.0, 32: 2.0})
+    rt.ledger.acceptance("copy")["model"].record(8, 8)
+    rt.ledger.observe_answer("copy", 200)
+    ask = [Message("user", "Zebras quietly jump over seven lazy brown foxes at dawn.")]
+    req = GenerationRequest(messages=ask, max_tokens=40, speculative=False)
+    plain_text, _ = run(rt, req)
+    text, s = run(rt, dataclasses.replace(req, speculative=None, task="copy"))
+    assert text == plain_text
+    assert "finished by n-gram lookup" in s.reason, s.reason
+    assert s.completion_tokens == 1 + s.verify_steps + s.accepted_tokens
+    model = rt.ledger.acceptance("copy")["model"]
+    assert model.tries[0] > 1  # the draft model's own part was learned from

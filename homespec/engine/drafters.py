@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,8 +27,18 @@ from homespec.engine.target import Target
 class Proposal:
     tokens: list[int]
     # The draft's distribution for each proposed token when it sampled them (temperature > 0);
-    # None for a deterministic proposal (greedy or n-gram), i.e. one-hot at the token.
-    probs: list[Probs] | None = None
+    # None for a deterministic proposal (greedy or n-gram), i.e. one-hot at the token (also
+    # per token: the n-gram tokens a draft model handed over to).
+    probs: list[Probs | None] | None = None
+    # The last `handed_over` tokens came from n-gram lookup, part-way through a draft-model
+    # proposal (ModelDrafter.propose's `hand_over`), after a match `handover_match` long.
+    handed_over: int = 0
+    handover_match: int = 0
+
+
+# Given a draft model's tokens so far in a proposal: the n-gram tokens to finish it with (as
+# many as the caller allows), and their match length; ([], 0): draft on.
+HandOver = Callable[[list[int]], tuple[list[int], int]]
 
 
 class Drafter(Protocol):
@@ -72,10 +83,13 @@ class ModelDrafter:
         rng: np.random.Generator,
         *,
         lag: int | None = None,
+        hand_over: HandOver | None = None,
     ) -> Proposal:
-        """`lag`: `self.lag(history)`, when the caller has it already (the governor does)."""
+        """`lag`: `self.lag(history)`, when the caller has it already (the governor does).
+        `hand_over`: asked after each drafted token for n-gram tokens to finish the proposal
+        with instead (none: draft on)."""
         tokens: list[int] = []
-        probs: list[Probs] = []
+        probs: list[Probs | None] = []
         first = max(1, self.lag(history) if lag is None else lag)
         for _ in range(k):
             t0 = time.perf_counter()
@@ -96,6 +110,13 @@ class ModelDrafter:
             tokens.append(token)
             if self.ctx.model.is_eog(token):
                 break
+            if hand_over is not None and len(tokens) < k:
+                found, match_len = hand_over(tokens)
+                if found:  # one-hot: lookup proposes its tokens, it does not sample them
+                    probs += [None] * len(found)
+                    return Proposal(
+                        tokens + found, None if params.greedy else probs, len(found), match_len
+                    )
         return Proposal(tokens, None if params.greedy else probs)
 
 
@@ -154,11 +175,11 @@ class NgramDrafter:
                         del places[0]
         self._seen = len(history)
 
-    def _agreement(self, history: list[int], follow: int, n: int) -> int:
-        """How many tokens before `follow` equal the history's last ones (at least n)."""
-        end, length = len(history), n
+    def _agreement(self, seq: list[int], follow: int, n: int) -> int:
+        """How many tokens before `follow` equal `seq`'s last ones (at least n)."""
+        end, length = len(seq), n
         while length < self.MAX_MATCH and follow - length > 0:
-            if history[follow - length - 1] != history[end - length - 1]:
+            if seq[follow - length - 1] != seq[end - length - 1]:
                 break
             length += 1
         return length
@@ -167,40 +188,52 @@ class NgramDrafter:
         self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
         self._update(history)
-        self.match_len, self.from_memory = 0, False
-        found = self._lookup(history, history)
-        earlier = self.memory.lookup(history) if self.memory is not None else None
+        proposal, self.match_len, self.from_memory = self._continue(history, k)
+        return proposal
+
+    def lookahead(self, history: list[int], extra: list[int], k: int) -> tuple[list[int], int]:
+        """What lookup would propose after `history` + `extra` (a draft model's tokens not
+        verified yet), and its agreement length; ([], 0) for no match. Only `history` is
+        indexed: a draft that the target rejects must never become something to match.
+        Call after `propose(history, …)` (which indexes it); changes nothing."""
+        proposal, match_len, _ = self._continue(history + extra, k)
+        return proposal.tokens, match_len
+
+    def _continue(self, seq: list[int], k: int) -> tuple[Proposal, int, bool]:
+        """(proposal, agreement length, from memory) for what follows `seq`."""
+        found = self._lookup(seq, seq)
+        earlier = self.memory.lookup(seq) if self.memory is not None else None
         if earlier is not None and (found is None or earlier[0] > found[0]):
             assert self.memory is not None
-            self.match_len, self.from_memory = earlier[0], True
-            return Proposal(self.memory.continuation(earlier[1], k))
+            return Proposal(self.memory.continuation(earlier[1], k)), earlier[0], True
         if found is None:
-            return Proposal([])
-        self.match_len, follow = found
-        out = history[follow : follow + k]
+            return Proposal([]), 0, False
+        match_len, follow = found
+        out = seq[follow : follow + k]
         # A continuation that runs into the present (a repeating answer: the match is the
         # last period) goes on by looking up its own end again, as llama.cpp's ngram-mod
         # chains its table: a loop of any period is proposed k tokens at a time.
-        while 0 < len(out) < k and follow + len(out) >= len(history):
-            tail = (history[-self.n_max :] + out)[-self.n_max :]
-            again = self._lookup(tail, history)
+        while 0 < len(out) < k and follow + len(out) >= len(seq):
+            tail = (seq[-self.n_max :] + out)[-self.n_max :]
+            again = self._lookup(tail, seq)
             if again is None:
                 break
             follow = again[1]
-            out += history[follow : follow + k - len(out)]
-        return Proposal(out)
+            out += seq[follow : follow + k - len(out)]
+        return Proposal(out), match_len, False
 
-    def _lookup(self, context: list[int], history: list[int]) -> tuple[int, int] | None:
-        """(agreement length, follow position) for the end of `context`, longest n first."""
+    def _lookup(self, context: list[int], seq: list[int]) -> tuple[int, int] | None:
+        """(agreement length, follow position) for the end of `context`, longest n first:
+        places in `seq` (`context` is `seq`, or a tail to chain a loop by)."""
         for n in range(self.n_max, self.n_min - 1, -1):
             if len(context) < n:
                 continue
             places = self._index[n].get(tuple(context[-n:]))
             if places:
-                if context is not history:
+                if context is not seq:
                     return n, places[-1]
                 # Longest agreement first; among equals, the most recent place.
-                return max((self._agreement(history, f, n), f) for f in places)
+                return max((self._agreement(seq, f, n), f) for f in places)
         return None
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from homespec.engine.chat_text import chat_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
-from homespec.engine.governor import Choice, CostCurve, choose
+from homespec.engine.governor import Choice, CostCurve, choose, hand_over
 from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
@@ -126,7 +126,9 @@ def _governed(
     horizon: int = 0,
 ) -> tuple[str, Proposal, Choice]:
     """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
-    up first: a match is known before the step), the draft model (when `use_model`), or none."""
+    up first: a match is known before the step), the draft model (when `use_model`), or none.
+    A draft model hands its proposal over to n-gram lookup part-way where the governor says
+    lookup's continuation is worth more than its own next drafts (`hand_over`)."""
     ledger = rt.ledger
     match = rt.ngram.propose(history, k, params, rng).tokens
     draft = rt.draft if use_model else None
@@ -147,7 +149,17 @@ def _governed(
             choice = replace(choice, reason=choice.reason + "; matched in an earlier request")
         return "ngram", Proposal(match[: choice.k]), choice
     if choice.option == "model" and draft is not None:
-        proposal = draft.propose(history, choice.k, params, rng, lag=lag)
+
+        def lookup(drafted: list[int]) -> tuple[list[int], int]:
+            room = k - len(drafted)
+            found, match_len = rt.ngram.lookahead(history, drafted, room)
+            if not found:
+                return [], 0
+            table = ledger.acceptance(task, match_len)
+            at = replace(inputs, acceptance=table, ngram_match=len(found), max_k=room)
+            return found[: hand_over(at)], match_len
+
+        proposal = draft.propose(history, choice.k, params, rng, lag=lag, hand_over=lookup)
         ledger.observe_draft(draft.take_decodes())
         return "model", proposal, choice
     return "none", Proposal([]), choice
@@ -194,6 +206,22 @@ def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) ->
         {n: round(v, 1) for n, v in sorted(rt.ledger.verify.points.items())},
         None if rt.ledger.draft_ms is None else round(rt.ledger.draft_ms, 2),
     )
+
+
+def _learn(
+    ledger: Ledger, task: str | None, source: str, proposal: Proposal, kept: int, match_len: int
+) -> None:
+    """What a verify step says about acceptance: of n-gram lookup (at `match_len`) or of the
+    draft model; a draft-model proposal finished by lookup teaches each about its own part
+    (lookup's only when every model draft before it was kept: it was not tried otherwise)."""
+    if source == "ngram":
+        ledger.acceptance(task, match_len)["ngram"].record(len(proposal.tokens), kept)
+        return
+    own = len(proposal.tokens) - proposal.handed_over
+    ledger.acceptance(task)["model"].record(own, min(kept, own))
+    if proposal.handed_over and kept >= own:
+        table = ledger.acceptance(task, proposal.handover_match)
+        table["ngram"].record(proposal.handed_over, kept - own)
 
 
 def generate(
@@ -285,6 +313,7 @@ def _steps(
 
     ledger = rt.ledger
     used: dict[str, int] = {}
+    handovers = 0  # draft-model steps finished by n-gram lookup
     last: Choice | None = None
     while not done:
         room = min(max_new - stats.completion_tokens, rt.target.n_ctx - len(history)) - 1
@@ -315,8 +344,9 @@ def _steps(
             stats.draft_steps += 1
             stats.proposed_tokens += len(drafts)
             if source in ("ngram", "model") and req.learn:
-                table = ledger.acceptance(req.task, rt.ngram.match_len)
-                table[source].record(len(drafts), n_kept)  # type: ignore[index]
+                _learn(ledger, req.task, source, proposal, n_kept, rt.ngram.match_len)
+            if proposal.handed_over:
+                handovers += 1
         emitted: list[Chunk] = []
         for i, token in enumerate([*drafts[:n_kept], following]):
             kept = i < n_kept
@@ -337,6 +367,8 @@ def _steps(
 
     if decision.drafter == "auto" and last is not None:
         steps = ", ".join(f"{_OPTION_NAMES[o]} {n}" for o, n in sorted(used.items()))
+        if handovers:
+            steps += f" ({handovers} of the draft model's finished by n-gram lookup)"
         stats.reason = f"{decision.reason}; last step: {last.reason}; steps: {steps}"
         if not stats.draft_steps:
             stats.mode = "plain"

@@ -88,7 +88,7 @@ def accept_or_resample(
 
 def verify(
     drafts: list[int],
-    q: list[Probs] | None,
+    q: list[Probs | None] | None,
     logits: Logits,
     params: SamplingParams,
     rng: np.random.Generator,
@@ -96,8 +96,8 @@ def verify(
     """One verify step: how many of `drafts` the target keeps, and the token that follows them.
 
     `logits` holds the target's rows for [last committed token] + drafts (len(drafts) + 1
-    rows); `q` the draft's distribution per drafted token when it sampled them (None: a
-    deterministic proposal). Greedy: keep drafts while they equal the target's argmax.
+    rows); `q` the draft's distribution per drafted token when it sampled them (None, for all
+    or for one: a deterministic proposal). Greedy: keep drafts while they equal the target's argmax.
     Sampling: speculative sampling per draft (accept_or_resample). The first rejection emits the
     target's own token instead; if every draft is kept, the target's next token comes free.
     Returns (accepted count, next token). The output is exactly the target's: token-identical
