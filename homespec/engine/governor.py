@@ -33,7 +33,7 @@ from typing import Any, Literal
 Option = Literal["none", "ngram", "model"]
 MAX_K = 64
 PRIOR = 0.6  # draft-model acceptance before anything was measured (n-grams: MATCH_PRIORS)
-PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior
+PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior
 EXPLORE_EVERY = 32  # steps after an option's last use before it is re-tried
 EXPLORE_K = 3
 EXPLORE_MAX_LAG = 8  # tokens a draft model may lag behind and still be explored
