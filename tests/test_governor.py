@@ -192,6 +192,8 @@ def test_a_catch_up_is_paid_once_for_the_answer_still_to_come() -> None:
     assert ledger.horizon("warmed up", generated=0, room=500) == 64
     ledger.observe_answer("warmed up", 16)  # one that ended by itself does
     assert ledger.horizon("warmed up", generated=0, room=500) < 64
+    ledger.observe_answer("extract", 256, cut=True)  # and one cut long is at least that long
+    assert ledger.horizon("extract", generated=0, room=500) == 256
 
 
 def test_a_new_task_starts_from_what_the_pair_measured_on_its_other_tasks() -> None:

@@ -83,13 +83,16 @@ class Ledger:
         """A finished answer's length: what the next answer to this task is expected to run.
 
         An answer `cut` at max_tokens (or the context's end) would have run at least this long,
-        so it never lowers the typical length, nor sets one below the unknown task's guess: a
-        16-token warm-up of a task whose answers run 250 tokens had it expected at 16, and a
-        draft model that would have paid was not tried on that task's next answer."""
+        so the typical length becomes at least that, and never falls for it, nor below the
+        unknown task's guess: a 16-token warm-up of a task whose answers run 250 tokens had it
+        expected at 16, and a draft model that would have paid was not tried on that task's
+        next answer. (Averaged in like an answer that ended, three 256-token cut answers had
+        the task expected at 64, 122 and 162 tokens: a catch-up on its long prompts never
+        looked worth a trial.)"""
         old = self.answers.pop(task, None)
         if cut:
             floor = HORIZON_UNKNOWN if old is None else old
-            self.answers[task] = max(floor, 0.7 * floor + 0.3 * tokens)
+            self.answers[task] = max(floor, float(tokens))
         else:
             self.answers[task] = float(tokens) if old is None else 0.7 * old + 0.3 * tokens
         while len(self.answers) > MAX_TASKS:
