@@ -26,13 +26,13 @@ def test_the_demo_pair_answers_speculatively_through_the_sdk_and_status_counts_t
 ) -> None:
     d = start_daemon(demo_manifest_file(demo_manifest, tmp_path), tmp_path)
     try:
-        sdk = OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0)
-        r = sdk.chat.completions.create(
-            model="smollm2",
-            messages=user("Write a Dockerfile for a Flask app."),
-            max_tokens=48,
-            extra_body={"drafter": "model"},  # forced: the governor's choice depends on timings
-        )  # type: ignore[call-overload]
+        with OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0) as sdk:
+            r = sdk.chat.completions.create(
+                model="smollm2",
+                messages=user("Write a Dockerfile for a Flask app."),
+                max_tokens=48,
+                extra_body={"drafter": "model"},  # forced: the choice depends on timings
+            )  # type: ignore[call-overload]
         stats = r.model_dump()["homespec"]
         assert r.choices[0].message.content and stats["mode"] == "speculative"
         assert stats["proposed_tokens"] > 0 and stats["accepted_tokens"] > 0
