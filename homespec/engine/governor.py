@@ -256,7 +256,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     steps), the catch-up priced at CATCH_UP_RISK times its cost. With no horizon known, over
     this one step."""
     acc = inp.acceptance[option]
-    once = 0.0
+    once = relag = 0.0
     if option == "ngram":
         limit, per_token, fixed = min(inp.ngram_match, inp.max_k), 0.0, inp.ngram_ms
         stretch = 1.0
@@ -282,10 +282,9 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
         cost = inp.verify.at(k + 1)
         if cost is None:
             return None
-        if option == "model":
-            fixed = relag * survive
+        step = cost + fixed + relag * survive + per_token * k
         span = max(float(inp.horizon), tokens)  # the tokens the catch-up is spread over
-        tpm = span / (once + span * (cost + fixed + per_token * k) / tokens)
+        tpm = span / (once + span * step / tokens)
         if best is None or tpm > best.tokens_per_ms:
             best = Estimate(option, k, tpm, acc.rate(0, prior))
         elif survive < 0.01:

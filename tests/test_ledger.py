@@ -1,0 +1,61 @@
+"""The ledger's own bookkeeping (pure): what it keeps across restarts and how many tasks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from homespec.engine.ledger import MAX_TASKS, Ledger
+
+# --- what is kept across restarts -----------------------------------------------------------
+
+
+def test_learned_acceptance_survives_a_round_trip_through_json() -> None:
+    before = Ledger()
+    for _ in range(30):
+        before.acceptance("code", 20)["ngram"].record(8, 8)
+        before.acceptance(None)["model"].record(4, 1)
+    state = json.loads(json.dumps(before.acceptance_state()))
+    after = Ledger()
+    assert after.restore_acceptance(state) == 2
+    for task, match in (("code", 20), (None, 0)):
+        for option in ("ngram", "model"):
+            a, b = before.acceptance(task, match)[option], after.acceptance(task, match)[option]
+            assert a.tries == pytest.approx(b.tries) and a.kept == pytest.approx(b.kept)
+            assert a.prior == b.prior
+
+
+def test_a_damaged_or_foreign_state_is_never_trusted() -> None:
+    good = Ledger()
+    good.acceptance("code")["model"].record(4, 4)
+    state = good.acceptance_state()
+    assert Ledger().restore_acceptance({**state, "version": 99}) == 0
+    assert Ledger().restore_acceptance(["not", "a", "state"]) == 0
+    bad = {"version": state["version"], "tasks": {"code": {"model": {"tries": "x"}}}}
+    assert Ledger().restore_acceptance(bad) == 0
+    # kept above tried, negative counts, a prior above 1: clamped, not believed
+    raw = state["tasks"]["code"]["model"]
+    odd = {"tries": [1.0] * len(raw["tries"]), "kept": [5.0] * len(raw["kept"]), "prior": 7}
+    ledger = Ledger()
+    assert (
+        ledger.restore_acceptance(
+            {"version": state["version"], "tasks": {"code": {"model": odd, "ngram@999": odd}}}
+        )
+        == 1
+    )
+    acc = ledger.by_task["code"]["model"]
+    assert acc.kept == acc.tries and acc.prior == 1.0 and set(ledger.by_task["code"]) == {"model"}
+    # what this process already learned wins over the file
+    live = Ledger()
+    live.acceptance("code")["model"].record(4, 0)
+    assert live.restore_acceptance(state) == 0
+
+
+def test_the_task_table_is_bounded_and_forgets_the_least_recently_used() -> None:
+    ledger = Ledger()
+    for i in range(MAX_TASKS + 10):
+        ledger.acceptance(f"t{i}")
+        ledger.acceptance("kept")  # used all along
+    assert len(ledger.by_task) == MAX_TASKS and "kept" in ledger.by_task
+    assert "t0" not in ledger.by_task and f"t{MAX_TASKS + 9}" in ledger.by_task
