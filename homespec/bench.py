@@ -33,8 +33,9 @@ from typing import Any
 import httpx
 
 from homespec.bench_remote import WARM_UP, Remote, run_remote, warm_up
+from homespec.engine.calibration import calibrate
 from homespec.engine.chat_text import chat_tokens
-from homespec.engine.generate import PairRuntime, calibrate, generate
+from homespec.engine.generate import PairRuntime, generate
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.errors import ConfigError
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest

@@ -166,6 +166,11 @@ def status(url: str | None, as_json: bool) -> None:
         if costs.get("draft_ms"):
             batches = ", ".join(f"{n}→{ms:.0f}" for n, ms in costs["draft_ms"].items())
             click.echo(f"{'':<14}        draft decode ms by tokens {batches}")
+        if costs.get("draft_agreement") is not None:
+            agree = costs["draft_agreement"]
+            click.echo(
+                f"{'':<14}        draft agrees with the target on {agree:.0%} of next tokens"
+            )
         for role, v in (p.get("repack") or {}).items():
             if v.get("note"):
                 click.echo(f"{'':<14} {role}: {v['note']}")

@@ -349,6 +349,11 @@ def render_pair(r: PairReport) -> list[str]:
         if draft:
             batches = ", ".join(f"{n}→{ms:g}" for n, ms in draft.items())
             lines.append(f"          one draft-model decode, ms by tokens in it: {batches}")
+        if r.costs.get("draft_agreement") is not None:
+            agree = r.costs["draft_agreement"]
+            lines.append(
+                f"          the draft model agrees with the target on {agree:.0%} of next tokens"
+            )
     return lines
 
 

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from homespec.engine.generate import calibrate
+from homespec.engine.calibration import calibrate
 from homespec.engine.governor import cost_report
 from homespec.engine.loader import LoadedPair, load_pair
 from homespec.manifest import load_manifest
@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
         rows = memory_rows(loaded)
         calibrate(loaded.runtime)
         ledger = loaded.runtime.ledger
-        costs = cost_report(ledger.verify.points, ledger.draft.points)
+        costs = cost_report(ledger.verify.points, ledger.draft.points, ledger.agreement)
         print(json.dumps({"memory": rows, "costs": costs}))
     return 0
 

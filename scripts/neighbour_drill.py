@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import llama_cpp  # noqa: F401  (llama.cpp before numpy: see homespec/cli_common.py)
 
-from homespec.engine.generate import PairRuntime, calibrate, generate
+from homespec.engine.calibration import calibrate
+from homespec.engine.generate import PairRuntime, generate
 from homespec.engine.loader import load_pair
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import load_manifest

@@ -28,7 +28,8 @@ from typing import Any
 import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before numpy's)
 
 # isort: split
-from homespec.engine.generate import PairRuntime, calibrate, generate
+from homespec.engine.calibration import calibrate
+from homespec.engine.generate import PairRuntime, generate
 from homespec.engine.loader import load_pair
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import load_manifest

@@ -445,3 +445,17 @@ def test_every_draft_model_step_pays_for_re_decoding_its_last_draft_and_the_targ
     plain_ms = DEMO_TARGET.at(1)
     assert plain_ms is not None
     assert priced.tokens_per_ms * plain_ms < 1.3  # what 2-token first decodes allow
+
+
+def test_a_draft_that_rarely_agrees_with_its_target_is_not_tried_on_a_new_task() -> None:
+    """A draft model is tried on each new task (it must catch up on the prompt first) only
+    where it could pay: a draft measured at load to agree with its target a quarter of the
+    time never could, one that agrees 95% of the time is tried at once."""
+
+    def first(agreement: float) -> Choice:
+        ledger = Ledger(verify=DEMO_TARGET, draft=DEMO_DRAFT, agreement=agreement)
+        inp = ledger.inputs("new", has_model=True, match=0, max_k=8, model_lag=31, horizon=64)
+        return choose(inp)
+
+    assert first(0.25).option == "none"
+    assert first(0.95).option == "model" and "trying the draft model" in first(0.95).reason

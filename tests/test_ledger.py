@@ -1,4 +1,5 @@
-"""The ledger's own bookkeeping (pure): what it keeps across restarts and how many tasks."""
+"""The ledger's own bookkeeping (pure): what it keeps across restarts, how many tasks, and
+where a new task's priors come from."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import json
 
 import pytest
 
-from homespec.engine.ledger import MAX_TASKS, Ledger
+from homespec.engine.governor import PRIOR
+from homespec.engine.ledger import AGREEMENT_MAX, AGREEMENT_MIN, MAX_TASKS, Ledger
 
 # --- what is kept across restarts -----------------------------------------------------------
 
@@ -59,3 +61,20 @@ def test_the_task_table_is_bounded_and_forgets_the_least_recently_used() -> None
         ledger.acceptance("kept")  # used all along
     assert len(ledger.by_task) == MAX_TASKS and "kept" in ledger.by_task
     assert "t0" not in ledger.by_task and f"t{MAX_TASKS + 9}" in ledger.by_task
+
+
+# --- the draft model's prior ----------------------------------------------------------------
+
+
+def test_a_draft_models_measured_agreement_is_its_prior_on_a_task_never_seen() -> None:
+    """Calibration measures how often the draft predicts the target's next token; that is a
+    new task's prior for the draft model, within bounds, until the pair measured real steps."""
+    assert Ledger().acceptance("new")["model"].prior == PRIOR  # nothing measured
+    assert Ledger(agreement=0.8).acceptance("new")["model"].prior == pytest.approx(0.8)
+    assert Ledger(agreement=1.0).acceptance("new")["model"].prior == AGREEMENT_MAX
+    assert Ledger(agreement=0.0).acceptance("new")["model"].prior == AGREEMENT_MIN
+    # What the pair measured on its other tasks outweighs the scratch text's agreement.
+    ledger = Ledger(agreement=0.3)
+    for _ in range(200):
+        ledger.acceptance("code")["model"].record(4, 4)
+    assert ledger.acceptance("new")["model"].prior > 0.95

@@ -34,8 +34,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Protocol
 
+from homespec.engine.calibration import calibrate
 from homespec.engine.crashsite import CrashSite
-from homespec.engine.generate import PairRuntime, calibrate, generate_steps, prompt_tokens
+from homespec.engine.generate import PairRuntime, generate_steps, prompt_tokens
 from homespec.engine.learned import restore as restore_learned
 from homespec.engine.learned import save as save_learned
 from homespec.engine.loader import (
@@ -117,6 +118,7 @@ def describe(
         load_ms=dict(held.load_ms) if held else {},
         verify_ms=dict(rt.ledger.verify.points),
         draft_ms=dict(rt.ledger.draft.points),
+        agreement=rt.ledger.agreement,
         prompt_note=rt.target.model.template_problem(),
     )
 

@@ -14,7 +14,6 @@ else.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field, replace
@@ -23,7 +22,7 @@ import numpy as np
 
 from homespec.engine.chat_text import chat_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
-from homespec.engine.governor import Choice, CostCurve, choose, hand_over
+from homespec.engine.governor import Choice, choose, hand_over
 from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
@@ -163,49 +162,6 @@ def _governed(
         ledger.observe_draft(draft.take_decodes())
         return "model", proposal, choice
     return "none", Proposal([]), choice
-
-
-def _costs(
-    ctx: Target, base: list[int], filler: list[int], sizes: tuple[int, ...], n_logits: bool
-) -> dict[int, float]:
-    """ms of one decode of n tokens after `base`, the faster of two tries (a neighbour's burst
-    only ever slows one down), for each n that fits; logits for all n, or for the last only."""
-    ctx.clear()
-    ctx.extend(base, 1)
-    ctx.extend(base + filler, 1)  # a throwaway decode: threads and caches settle first
-    out: dict[int, float] = {}
-    for n in sizes:
-        if (n_logits and n > ctx.n_outputs_max) or len(base) + n > ctx.n_ctx:
-            break
-        best = math.inf
-        for _ in range(2):
-            ctx.extend(base, 1)  # the cache holds `base` (its last position re-decoded)
-            t0 = time.perf_counter()
-            ctx.extend(base + filler * n, n if n_logits else 1)  # decodes exactly n tokens
-            best = min(best, (time.perf_counter() - t0) * 1000.0)
-        out[n] = best
-    ctx.clear()
-    return out
-
-
-def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> None:
-    """Measure this machine's cost of one target decode of n tokens for a few n, and of a
-    draft-model decode of 1, 8 and 32 tokens (a draft catching up on history decodes a batch),
-    on a scratch sequence; the governor starts from these and keeps them current from real
-    steps. Leaves both caches empty."""
-    filler = (rt.target.model.tokenize(" the", special=False) or [0])[-1:]
-    base = filler * 32
-    for n, ms in _costs(rt.target, base, filler, sizes, n_logits=True).items():
-        rt.ledger.verify.observe(n, ms)
-    if rt.draft is not None:
-        rt.ledger.observe_draft(list(_costs(rt.draft.ctx, base, filler, (1, 8, 32), False).items()))
-    rt.ledger.quiet = CostCurve(dict(rt.ledger.verify.points))
-    LOG.info(
-        "pair %s: decode cost (ms) by tokens %s; draft %s ms/token",
-        rt.name,
-        {n: round(v, 1) for n, v in sorted(rt.ledger.verify.points.items())},
-        None if rt.ledger.draft_ms is None else round(rt.ledger.draft_ms, 2),
-    )
 
 
 def _learn(

@@ -113,14 +113,18 @@ class CostCurve:
         return max(0.0, y0 + (y1 - y0) * (n - lo) / (hi - lo))
 
 
-def cost_report(verify: dict[int, float], draft: dict[int, float]) -> dict[str, Any]:
+def cost_report(
+    verify: dict[int, float], draft: dict[int, float], agreement: float | None = None
+) -> dict[str, Any]:
     """Measured costs as status and doctor show them (JSON): ms of one target decode and of
-    one draft-model decode by tokens in it, and ms per draft-model token."""
+    one draft-model decode by tokens in it, ms per draft-model token, and the share of next
+    tokens on which the draft model agreed with the target at calibration."""
     per_token = CostCurve(dict(draft)).at(1)
     return {
         "verify_ms": {str(n): round(ms, 2) for n, ms in sorted(verify.items())},
         "draft_ms_per_token": None if per_token is None else round(per_token, 2),
         "draft_ms": {str(n): round(ms, 2) for n, ms in sorted(draft.items())},
+        "draft_agreement": None if agreement is None else round(agreement, 3),
     }
 
 

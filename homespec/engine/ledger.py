@@ -26,6 +26,7 @@ DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a targe
 STATE_VERSION = 1  # of Ledger.acceptance_state()
 HORIZON_UNKNOWN = 64  # answer tokens expected for a task whose answers were never seen
 UNKNOWN_WAIT = 8  # answer tokens such a task's answer runs before a catch-up is spent on it
+AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, within these
 MAX_TASKS = 64  # task names are the client's: a bounded table
 KNOWN_KEYS = {"model", *(f"ngram@{b}" for b in MATCH_BUCKETS)}  # Ledger.by_task's keys
 
@@ -46,6 +47,8 @@ class Ledger:
     current: Option = "none"
     last_used: dict[Option, int] = field(default_factory=dict)
     answers: dict[str | None, float] = field(default_factory=dict)  # typical length, by task
+    # The draft model's agreement with the target, measured at load (engine/calibration.py)
+    agreement: float | None = None
 
     def chose(self, option: Option) -> None:
         """Record a step's choice (for hysteresis and exploration)."""
@@ -67,8 +70,19 @@ class Ledger:
         if key not in table:
             table[key] = Acceptance(prior=self._pooled(key, MATCH_PRIORS[bucket]))
         if "model" not in table:
-            table["model"] = Acceptance(prior=self._pooled("model", PRIOR))
+            table["model"] = Acceptance(prior=self._pooled("model", self.model_prior))
         return {"ngram": table[key], "model": table["model"]}
+
+    @property
+    def model_prior(self) -> float:
+        """The draft model's acceptance at position 1 before any task measured it: its
+        agreement with the target where that was measured at load, else PRIOR. A fixed 0.6
+        priced the demo draft, which agrees 97% of the time, below plain on the first tasks it
+        met, and had every new task try a draft that rarely agrees (a trial catches it up on
+        the prompt first)."""
+        if self.agreement is None:
+            return PRIOR
+        return min(AGREEMENT_MAX, max(AGREEMENT_MIN, self.agreement))
 
     def _pooled(self, key: str, default: float) -> float:
         """A new task's prior for `key`: what this pair measured at position 1 on its other

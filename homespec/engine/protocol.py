@@ -102,6 +102,7 @@ class EngineInfo:
     # it, and of one draft-model decode by tokens in it.
     verify_ms: dict[int, float] = field(default_factory=dict)
     draft_ms: dict[int, float] = field(default_factory=dict)
+    agreement: float | None = None  # the draft model's with the target, measured at load
     prompt_note: str = ""  # the target's chat template is not rendered as written, and why
 
 

@@ -1,0 +1,114 @@
+"""What a loaded pair measures about itself before the governor bets on it: the target's cost
+of one decode by the tokens in it, the draft model's, and how often the draft model predicts
+the target's next token. Run once at load, off the request path (the pair serves plain until
+it is done), on scratch text; the loop keeps the costs current from real steps afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+from homespec.engine.chat_text import chat_tokens
+from homespec.engine.generate import PairRuntime
+from homespec.engine.governor import CostCurve
+from homespec.engine.target import Target
+from homespec.engine.types import Message
+
+LOG = logging.getLogger("homespec.engine")
+
+# Teacher-forced text for the agreement check: an ordinary question and an answer that mixes
+# prose and code, as a homelab's requests do. Its answer is not the target's own, so agreement
+# on it runs a little below acceptance on the target's own answers: a prior, not a promise.
+AGREEMENT_CHAT = [
+    Message("user", "How do I keep only the newest backups in a directory, in Python?"),
+    Message(
+        "assistant",
+        "Sort the files by modification time and delete all but the newest ones:\n\n"
+        "```python\nimport os\n\n\ndef prune(directory, keep=7):\n"
+        "    paths = [os.path.join(directory, name) for name in os.listdir(directory)]\n"
+        "    paths.sort(key=os.path.getmtime, reverse=True)\n"
+        "    for path in paths[keep:]:\n        os.remove(path)\n```\n\n"
+        "Run it after each backup, for example from the same cron job.",
+    ),
+]
+AGREEMENT_POSITIONS = 32  # next-token predictions compared (one draft decode each)
+
+
+def _costs(
+    ctx: Target, base: list[int], filler: list[int], sizes: tuple[int, ...], n_logits: bool
+) -> dict[int, float]:
+    """ms of one decode of n tokens after `base`, the faster of two tries (a neighbour's burst
+    only ever slows one down), for each n that fits; logits for all n, or for the last only."""
+    ctx.clear()
+    ctx.extend(base, 1)
+    ctx.extend(base + filler, 1)  # a throwaway decode: threads and caches settle first
+    out: dict[int, float] = {}
+    for n in sizes:
+        if (n_logits and n > ctx.n_outputs_max) or len(base) + n > ctx.n_ctx:
+            break
+        best = math.inf
+        for _ in range(2):
+            ctx.extend(base, 1)  # the cache holds `base` (its last position re-decoded)
+            t0 = time.perf_counter()
+            ctx.extend(base + filler * n, n if n_logits else 1)  # decodes exactly n tokens
+            best = min(best, (time.perf_counter() - t0) * 1000.0)
+        out[n] = best
+    ctx.clear()
+    return out
+
+
+def agreement(rt: PairRuntime) -> float | None:
+    """The share of next-token predictions on which the draft model's argmax is the target's,
+    along a fixed chat (AGREEMENT_CHAT) that both read: about the draft's acceptance at
+    position 1 at temperature 0. None without a draft model, or where the chat does not fit.
+    One target decode with logits at every compared position; the draft, whose context keeps
+    the logits of one position only, one decode per position. Leaves both caches empty."""
+    if rt.draft is None:
+        return None
+    model = rt.target.model
+    prompt = chat_tokens(model, AGREEMENT_CHAT[:1], allow_special=False)
+    answer = model.tokenize(AGREEMENT_CHAT[1].content, special=False, add_bos=False)
+    draft = rt.draft.ctx
+    n = min(AGREEMENT_POSITIONS, rt.target.n_outputs_max, len(answer) + 1)
+    # The answer's first n tokens are predicted from the positions before each of them.
+    tokens = prompt + answer[: n - 1]
+    if len(tokens) > min(rt.target.n_ctx, draft.n_ctx):
+        return None
+    rt.target.clear()
+    draft.clear()
+    try:
+        wanted = np.argmax(rt.target.extend(tokens, n), axis=1)
+        same = 0
+        for row, end in enumerate(range(len(tokens) - n + 1, len(tokens) + 1)):
+            same += int(np.argmax(draft.extend(tokens[:end], 1)[0]) == wanted[row])
+    finally:
+        rt.target.clear()
+        draft.clear()
+    return same / n
+
+
+def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> None:
+    """Measure this machine's cost of one target decode of n tokens for a few n, and of a
+    draft-model decode of 1, 8 and 32 tokens (a draft catching up on history decodes a batch),
+    on a scratch sequence, and the draft model's agreement with the target; the governor starts
+    from these and keeps the costs current from real steps. Leaves both caches empty."""
+    filler = (rt.target.model.tokenize(" the", special=False) or [0])[-1:]
+    base = filler * 32
+    for n, ms in _costs(rt.target, base, filler, sizes, n_logits=True).items():
+        rt.ledger.verify.observe(n, ms)
+    if rt.draft is not None:
+        rt.ledger.observe_draft(list(_costs(rt.draft.ctx, base, filler, (1, 8, 32), False).items()))
+        rt.ledger.agreement = agreement(rt)
+    rt.ledger.quiet = CostCurve(dict(rt.ledger.verify.points))
+    LOG.info(
+        "pair %s: decode cost (ms) by tokens %s; draft %s ms/token, agrees with the target "
+        "on %s of next tokens",
+        rt.name,
+        {n: round(v, 1) for n, v in sorted(rt.ledger.verify.points.items())},
+        None if rt.ledger.draft_ms is None else round(rt.ledger.draft_ms, 2),
+        "—" if rt.ledger.agreement is None else f"{rt.ledger.agreement:.0%}",
+    )
