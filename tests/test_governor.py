@@ -370,7 +370,7 @@ def test_a_task_never_seen_spends_no_catch_up_on_a_few_token_answer() -> None:
     ledger = Ledger(verify=DEMO_TARGET, draft=DEMO_DRAFT)
 
     def pick(generated: int) -> Choice:
-        horizon = ledger.horizon("chat", generated, room=60 - generated)
+        horizon = ledger.horizon("chat", generated, room=200 - generated)
         inp = ledger.inputs("chat", has_model=True, match=0, max_k=8, model_lag=16 + generated)
         return choose(replace(inp, horizon=horizon))
 
@@ -459,3 +459,19 @@ def test_a_draft_that_rarely_agrees_with_its_target_is_not_tried_on_a_new_task()
 
     assert first(0.25).option == "none"
     assert first(0.95).option == "model" and "trying the draft model" in first(0.95).reason
+
+
+def test_a_task_never_seen_is_expected_to_stop_halfway_through_the_room_it_was_left() -> None:
+    """Measured on the demo pair: a one-sentence rewrite asked with max_tokens 64 was expected
+    to run 56 more tokens at its 8th, the draft model caught up on the prompt for a trial, and
+    the answer ended at 23 tokens (0.88× plain). All that max_tokens says of an answer is that
+    it stops within it; the same answer with room to run long is still tried."""
+    ledger = Ledger(verify=DEMO_TARGET, draft=DEMO_DRAFT)
+
+    def first_trial(max_tokens: int) -> Choice:
+        horizon = ledger.horizon("rewrite", 8, room=max_tokens - 8)
+        inp = ledger.inputs("rewrite", has_model=True, match=0, max_k=8, model_lag=30 + 8)
+        return choose(replace(inp, horizon=horizon))
+
+    assert first_trial(64).option == "none"
+    assert "trying the draft model" in first_trial(256).reason

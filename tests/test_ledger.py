@@ -8,7 +8,13 @@ import json
 import pytest
 
 from homespec.engine.governor import PRIOR
-from homespec.engine.ledger import AGREEMENT_MAX, AGREEMENT_MIN, MAX_TASKS, Ledger
+from homespec.engine.ledger import (
+    AGREEMENT_MAX,
+    AGREEMENT_MIN,
+    HORIZON_UNKNOWN,
+    MAX_TASKS,
+    Ledger,
+)
 
 # --- what is kept across restarts -----------------------------------------------------------
 
@@ -78,3 +84,13 @@ def test_a_draft_models_measured_agreement_is_its_prior_on_a_task_never_seen() -
     for _ in range(200):
         ledger.acceptance("code")["model"].record(4, 4)
     assert ledger.acceptance("new")["model"].prior > 0.95
+
+
+def test_a_task_never_seen_is_expected_to_run_at_most_half_the_room_left() -> None:
+    ledger = Ledger()
+    assert ledger.horizon("new", 4, room=500) == 2  # too early to tell: half of what ran
+    assert ledger.horizon("new", 8, room=500) == HORIZON_UNKNOWN - 8
+    assert ledger.horizon("new", 8, room=56) == 28  # max_tokens 64: half of the 56 left
+    assert ledger.horizon("new", 40, room=16) == 16  # never past the room
+    ledger.observe_answer("known", 200)
+    assert ledger.horizon("known", 8, room=56) == 56  # a known task's length is measured
