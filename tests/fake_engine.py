@@ -27,7 +27,7 @@ from homespec.planner import Arrangement, PairPlan
 from homespec.resources import Machine
 from homespec.vocab import PlanMode, Rung
 
-from .fake_target import BOS, FakeTarget
+from .fake_target import BOS, EOS, MARK, FakeTarget
 
 
 class FixedMeter:
@@ -75,7 +75,10 @@ class FakeSession:
             target=target,
             draft=None,
             ngram=NgramDrafter(
-                n_min=spec.ngram_min, n_max=spec.ngram_max, memory_tokens=spec.ngram_memory
+                n_min=spec.ngram_min,
+                n_max=spec.ngram_max,
+                memory_tokens=spec.ngram_memory,
+                boundaries=frozenset({EOS, BOS, MARK}),
             ),
             draft_unavailable_reason=unavailable,
         )

@@ -122,3 +122,30 @@ def test_a_request_longer_than_the_memory_keeps_its_end() -> None:
     assert memory.lookup([10, 11]) is None
     found = memory.lookup([95, 96])
     assert found is not None and memory.continuation(found[1], 5) == [97, 98, 99]
+
+
+def test_agreement_is_measured_back_to_the_last_control_token_only() -> None:
+    """A chat template's turn markers are in every conversation: agreeing on them is no
+    evidence that what follows will agree."""
+    start, end = 900, 901  # control tokens, like <|im_start|> and <|im_end|>
+    earlier = [5, 6, 7, end, start, 30, 31, 40, 41, 42, 43]  # an earlier turn: "30 31" opened it
+    now = [8, 9, 7, end, start, 30, 31]  # this turn's opening so far
+    plain = NgramDrafter(n_min=2, n_max=4)
+    assert plain.propose(earlier + now, 3, GREEDY, RNG).tokens == [40, 41, 42]
+    assert plain.match_len == 5  # 7, end, start, 30, 31
+    marked = NgramDrafter(n_min=2, n_max=4, boundaries=frozenset({start, end}))
+    assert marked.propose(earlier + now, 3, GREEDY, RNG).tokens == [40, 41, 42]
+    assert marked.match_len == 2  # 30, 31: the markers and what precedes them do not count
+
+
+def test_the_memory_measures_agreement_back_to_the_last_control_token_only() -> None:
+    start, end = 900, 901
+    d = NgramDrafter(n_min=2, n_max=4, memory_tokens=100, boundaries=frozenset({start, end}))
+    d.remember([1, 2, end, start, 30, 31, 40, 41, 42, 43])
+    d.reset()
+    assert d.propose([3, 2, end, start, 30, 31], 3, GREEDY, RNG).tokens == [40, 41, 42]
+    assert d.from_memory and d.match_len == 2
+    d.reset()
+    # The 4-gram key itself holds the marker: one token after it agrees.
+    assert d.propose([3, 2, end, start, 30], 2, GREEDY, RNG).tokens == [31, 40]
+    assert d.match_len == 1

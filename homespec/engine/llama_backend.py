@@ -164,6 +164,12 @@ class LlamaModel:
     def is_eog(self, token: int) -> bool:
         return bool(lc.llama_vocab_is_eog(self._vocab, token))
 
+    def control_tokens(self) -> frozenset[int]:
+        """The vocabulary's control tokens (a chat template's turn markers, like <|im_start|>):
+        one pass over the vocabulary, 20 ms for 49k tokens here."""
+        vocab = self._vocab
+        return frozenset(t for t in range(self.n_vocab) if lc.llama_vocab_is_control(vocab, t))
+
     def has_chat_template(self) -> bool:
         return bool(lc.llama_model_chat_template(self._model, None))
 

@@ -332,7 +332,10 @@ def load_pair(
             target=target_ctx,
             draft=None,
             ngram=NgramDrafter(
-                n_min=pair.ngram_min, n_max=pair.ngram_max, memory_tokens=pair.ngram_memory
+                n_min=pair.ngram_min,
+                n_max=pair.ngram_max,
+                memory_tokens=pair.ngram_memory,
+                boundaries=target_ctx.model.control_tokens(),
             ),
             draft_unavailable_reason=unavailable,
             plain_only_reason=plain_only,

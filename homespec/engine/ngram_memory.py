@@ -18,15 +18,26 @@ from collections.abc import Sequence
 SEP = -1  # between sequences: no n-gram and no agreement crosses it
 
 
+def since_boundary(seq: Sequence[int], length: int, boundaries: frozenset[int]) -> int:
+    """Of the last `length` tokens of `seq`, how many come after its last boundary token."""
+    if boundaries:
+        for i in range(1, length + 1):
+            if seq[-i] in boundaries:
+                return i - 1
+    return length
+
+
 class NgramMemory:
     CANDIDATES = 4  # places kept per n-gram
     MAX_MATCH = 32  # how far back agreement is measured
 
-    def __init__(self, capacity: int, *, n: int = 4) -> None:
+    def __init__(self, capacity: int, *, n: int = 4, boundaries: frozenset[int] = frozenset()):
+        """`boundaries`: tokens agreement is not measured across (see NgramDrafter)."""
         if capacity < 1 or n < 1:
             raise ValueError("capacity and n must be positive")
         self.capacity = capacity
         self.n = n
+        self.boundaries = boundaries
         self._corpus: list[int] = []
         self._index: dict[tuple[int, ...], list[int]] = {}
 
@@ -88,7 +99,7 @@ class NgramMemory:
             if corpus[follow - length - 1] != history[end - length - 1]:
                 break  # a separator never equals a token
             length += 1
-        return length
+        return since_boundary(history, length, self.boundaries)
 
     def continuation(self, place: int, k: int) -> list[int]:
         """Up to k tokens remembered from `place` on, stopping at the end of their request."""
