@@ -94,3 +94,35 @@ def test_a_task_never_seen_is_expected_to_run_at_most_half_the_room_left() -> No
     assert ledger.horizon("new", 40, room=16) == 16  # never past the room
     ledger.observe_answer("known", 200)
     assert ledger.horizon("known", 8, room=56) == 56  # a known task's length is measured
+
+
+def test_a_tasks_draft_model_runs_are_measured_and_re_tested_when_unused() -> None:
+    """observe_run: what a catch-up served, until the draft model next fell behind."""
+    ledger = Ledger()
+    ledger.observe_run("list", 40, cut=True)  # ended by the answer, nothing known before
+    assert "list" not in ledger.runs
+    for _ in range(6):
+        ledger.observe_run("list", 8)  # n-gram steps kept interrupting it
+    assert 8 <= ledger.runs["list"] < 12
+    assert ledger.inputs("list", has_model=True, match=0, max_k=8).run == ledger.runs["list"]
+    assert ledger.inputs("other", has_model=True, match=0, max_k=8).run == 0.0
+    ledger.observe_run("list", 4, cut=True)  # an answer that ended sooner says nothing
+    assert ledger.runs["list"] < 12
+    # Answers in which it never caught up count as uninterrupted runs: the estimate grows
+    # back, so the draft model is given a catch-up again after a few of them.
+    for _ in range(4):
+        ledger.observe_run("list", 256, cut=True)
+    assert ledger.runs["list"] > 150
+
+
+def test_a_catch_up_ends_the_draft_models_run_only_when_it_costs_more_than_a_draft_token() -> None:
+    """Every step re-decodes 2 tokens (relag_ms); a catch-up on a few more costs little (an
+    exploring n-gram step leaves the draft model 3 behind) and must not end its run."""
+    ledger = Ledger()
+    assert not ledger.ends_run(2)
+    assert ledger.ends_run(3)  # the draft model's costs never measured: any catch-up counts
+    ledger.observe_draft([(1, 11.2), (8, 44.4)])  # the demo draft on 2 cores
+    assert not ledger.ends_run(3)  # 4.7 ms over a 2-token decode: less than one token (11.2)
+    assert not ledger.ends_run(4)
+    assert ledger.ends_run(5)  # 14 ms over
+    assert ledger.ends_run(30)

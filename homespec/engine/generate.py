@@ -123,11 +123,12 @@ def _governed(
     *,
     use_model: bool = True,
     horizon: int = 0,
-) -> tuple[str, Proposal, Choice]:
+) -> tuple[str, Proposal, Choice, int]:
     """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
     up first: a match is known before the step), the draft model (when `use_model`), or none.
     A draft model hands its proposal over to n-gram lookup part-way where the governor says
-    lookup's continuation is worth more than its own next drafts (`hand_over`)."""
+    lookup's continuation is worth more than its own next drafts (`hand_over`). The last
+    value: how far behind the history the draft model was (0 unless it drafted)."""
     ledger = rt.ledger
     match = rt.ngram.propose(history, k, params, rng).tokens
     draft = rt.draft if use_model else None
@@ -146,7 +147,7 @@ def _governed(
     if choice.option == "ngram":
         if rt.ngram.from_memory:
             choice = replace(choice, reason=choice.reason + "; matched in an earlier request")
-        return "ngram", Proposal(match[: choice.k]), choice
+        return "ngram", Proposal(match[: choice.k]), choice, 0
     if choice.option == "model" and draft is not None:
 
         def lookup(drafted: list[int]) -> tuple[list[int], int]:
@@ -160,8 +161,8 @@ def _governed(
 
         proposal = draft.propose(history, choice.k, params, rng, lag=lag, hand_over=lookup)
         ledger.observe_draft(draft.take_decodes())
-        return "model", proposal, choice
-    return "none", Proposal([]), choice
+        return "model", proposal, choice, lag
+    return "none", Proposal([]), choice, 0
 
 
 def _learn(
@@ -271,6 +272,7 @@ def _steps(
     used: dict[str, int] = {}
     handovers = 0  # draft-model steps finished by n-gram lookup
     last: Choice | None = None
+    run: int | None = None  # answer tokens of draft-model steps since its last catch-up
     while not done:
         room = min(max_new - stats.completion_tokens, rt.target.n_ctx - len(history)) - 1
         k = step_tokens(decision, room=room, max_outputs=rt.target.n_outputs_max)
@@ -279,10 +281,14 @@ def _steps(
         source, proposal = "none", Proposal([])
         if decision.drafter == "auto" and k > 0:
             horizon = ledger.horizon(req.task, stats.completion_tokens, room)
-            source, proposal, last = _governed(
+            source, proposal, last, lag = _governed(
                 rt, req.task, history, k, params, rng, use_model=decision.use_model, horizon=horizon
             )
             used[source] = used.get(source, 0) + 1
+            if ledger.ends_run(lag):
+                if run is not None:
+                    ledger.observe_run(req.task, run)
+                run = 0
         elif drafter is not None and k > 0:
             source, proposal = drafter.kind, drafter.propose(history, k, params, rng)
             if source in ("model", "hybrid") and rt.draft is not None:
@@ -304,6 +310,7 @@ def _steps(
             if proposal.handed_over:
                 handovers += 1
         emitted: list[Chunk] = []
+        before = stats.completion_tokens
         for i, token in enumerate([*drafts[:n_kept], following]):
             kept = i < n_kept
             if kept:
@@ -318,6 +325,8 @@ def _steps(
                 emitted.append(chunk)
             if done:  # EOS or a stop string inside the step: the rest is not the answer
                 break
+        if source == "model" and run is not None:
+            run += stats.completion_tokens - before
         if emitted:
             yield emitted
 
@@ -335,6 +344,10 @@ def _steps(
     if decision.drafter == "auto":
         cut = stats.finish_reason == "length"
         ledger.observe_answer(req.task, stats.completion_tokens, cut=cut)
+        # An answer in which the draft model never caught up counts as one run cut by its end:
+        # else a task once measured with short runs would never pay a catch-up again, however
+        # its answers change (a re-test, as the governor re-tests options it does not use).
+        ledger.observe_run(req.task, stats.completion_tokens if run is None else run, cut=True)
     if req.remember:
         rt.ngram.remember(history)
     tail = text.flush()

@@ -48,6 +48,7 @@ TRIAL_TRIES = 8
 TRIAL_K = 4
 TRIAL_FLOOR = 0.8
 TRIAL_SHARE = 0.15
+RELAG = 2  # a draft model this far behind is every step's own lag, not a catch-up (relag_ms)
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
 STRETCH = 0.9  # an untried draft-model position: this times the estimate of the one before it
 MIN_REACH = 8  # drafts may always be this long; longer only REACH_GROWTH × the deepest tried
@@ -218,6 +219,9 @@ class Inputs:
     # Answer tokens still expected (0: unknown): a draft model's catch-up is paid once and
     # serves every step after it, so it is spread over these (see best_k).
     horizon: int = 0
+    # Answer tokens the draft model has committed after a catch-up before it lagged again, on
+    # this task lately (0: unknown; Ledger.observe_run): a catch-up serves no more than these.
+    run: float = 0.0
 
 
 def catch_up_ms(inp: Inputs) -> float:
@@ -258,7 +262,8 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     never chosen, however well it drafts. So the catch-up is spread over the answer tokens
     still expected (`horizon`): throughput = tokens over that stretch / (catch-up + their
     steps), the catch-up priced at CATCH_UP_RISK times its cost. With no horizon known, over
-    this one step."""
+    this one step; where the task's draft-model runs (`run`) have been shorter than the
+    horizon, over one run: n-gram steps in between leave the draft model behind again."""
     acc = inp.acceptance[option]
     once = relag = 0.0
     if option == "ngram":
@@ -270,7 +275,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
         limit, per_token, fixed = inp.max_k, inp.draft_ms, 0.0
         # Behind by 1 or 2 tokens is every step's own lag (see relag_ms), priced per step;
         # further behind is a catch-up, paid once.
-        once = catch_up_ms(inp) if inp.model_lag > 2 else 0.0
+        once = catch_up_ms(inp) if inp.model_lag > RELAG else 0.0
         once *= CATCH_UP_RISK if inp.horizon else 1.0
         relag = relag_ms(inp)
         stretch = STRETCH
@@ -278,6 +283,9 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     if limit <= 0:
         return None
     prior = acc.prior
+    spread = float(inp.horizon)
+    if inp.run > 0 and inp.horizon:
+        spread = min(spread, inp.run)
     best: Estimate | None = None
     previous = 1.0
     lengths = expected_by_length(acc, prior, stretch)
@@ -287,7 +295,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
         if cost is None:
             return None
         step = cost + fixed + relag * survive + per_token * k
-        span = max(float(inp.horizon), tokens)  # the tokens the catch-up is spread over
+        span = max(spread, tokens)  # the tokens the catch-up is spread over
         tpm = span / (once + span * step / tokens)
         if best is None or tpm > best.tokens_per_ms:
             best = Estimate(option, k, tpm, acc.rate(0, prior))

@@ -15,6 +15,7 @@ from homespec.engine.governor import (
     MAX_K,
     PRIOR,
     PRIOR_WEIGHT,
+    RELAG,
     Acceptance,
     CostCurve,
     Inputs,
@@ -49,6 +50,7 @@ class Ledger:
     answers: dict[str | None, float] = field(default_factory=dict)  # typical length, by task
     # The draft model's agreement with the target, measured at load (engine/calibration.py)
     agreement: float | None = None
+    runs: dict[str | None, float] = field(default_factory=dict)  # see observe_run, by task
 
     def chose(self, option: Option) -> None:
         """Record a step's choice (for hysteresis and exploration)."""
@@ -111,6 +113,40 @@ class Ledger:
             self.answers[task] = float(tokens) if old is None else 0.7 * old + 0.3 * tokens
         while len(self.answers) > MAX_TASKS:
             del self.answers[next(iter(self.answers))]
+
+    def observe_run(self, task: str | None, tokens: int, *, cut: bool = False) -> None:
+        """Answer tokens the draft model's steps committed after one catch-up and before the
+        next that `ends_run` (`cut`: the answer ended first, so its run would have gone on).
+
+        A catch-up is paid once for the tokens the draft model then drafts until it next lags,
+        and n-gram steps, or lookup finishing its proposals, leave it behind every few steps
+        where an answer keeps repeating itself: spread over the whole answer still expected,
+        a 10-token catch-up before each of its steps was priced as nearly free, and a list
+        answer ran 15% slower than by n-gram lookup alone. What a task's runs have been is
+        what the next catch-up is spread over (`Inputs.run`)."""
+        old = self.runs.pop(task, None)
+        if cut and old is not None and tokens <= old:
+            value = old  # ended by the answer, not by a lag: no evidence that runs are short
+        elif cut and old is None:
+            return
+        else:
+            value = float(tokens) if old is None else 0.7 * old + 0.3 * tokens
+        self.runs[task] = value
+        while len(self.runs) > MAX_TASKS:
+            del self.runs[next(iter(self.runs))]
+
+    def ends_run(self, lag: int) -> bool:
+        """Whether a draft model `lag` tokens behind pays a catch-up that ends its run: one
+        that costs it more than a token of its own beyond every step's 2-token re-decode
+        (relag_ms). Shorter ones, after an exploring n-gram step, say, cost little (4 ms for
+        3 tokens on the demo draft), and counted as ends they cut a run that went on for
+        100 tokens to 80, and the draft model was not caught up on the task's next prompt."""
+        if lag <= RELAG:
+            return False
+        one, two, now = self.draft.at(1), self.draft.at(2), self.draft.at(lag)
+        if one is None or two is None or now is None:
+            return True  # never measured: every catch-up counts
+        return now - two > one
 
     def horizon(self, task: str | None, generated: int, room: int) -> int:
         """Answer tokens still expected, over which a draft model's catch-up may be spread,
@@ -197,6 +233,7 @@ class Ledger:
         match_len: int = 0,
         horizon: int = 0,
     ) -> Inputs:
+        """One step's view for `choose()` (the task's draft-model run length included)."""
         draft_ms = self.draft_ms
         if has_model and draft_ms is None:  # not measured yet: a prior, until it drafts once
             draft_ms = (self.verify.at(1) or 0.0) * DRAFT_COST_PRIOR
@@ -213,4 +250,5 @@ class Ledger:
             dict(self.last_used),
             self.draft if has_model else None,
             horizon,
+            self.runs.get(task, 0.0),
         )
