@@ -192,15 +192,15 @@ class NgramDrafter:
                         del places[0]
         self._seen = len(history)
 
-    def _agreement(self, seq: list[int], follow: int, n: int) -> int:
-        """How many tokens before `follow` equal `seq`'s last ones (n or more), back to the
-        last boundary token (fewer than n when the n-gram holds one)."""
+    def _agreement(self, seq: list[int], follow: int, n: int, cap: int) -> int:
+        """How many tokens before `follow` equal `seq`'s last ones (n or more), up to `cap`:
+        back to the last boundary token (fewer than n when the n-gram holds one)."""
         end, length = len(seq), n
-        while length < self.MAX_MATCH and follow - length > 0:
+        while length < cap and follow - length > 0:
             if seq[follow - length - 1] != seq[end - length - 1]:
                 break
             length += 1
-        return since_boundary(seq, length, self.boundaries)
+        return min(length, cap)
 
     def propose(
         self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
@@ -251,7 +251,8 @@ class NgramDrafter:
                 if context is not seq:
                     return n, places[-1]
                 # Longest agreement first; among equals, the most recent place.
-                return max((self._agreement(seq, f, n), f) for f in places)
+                cap = since_boundary(seq, self.MAX_MATCH, self.boundaries)
+                return max((self._agreement(seq, f, n, cap), f) for f in places)
         return None
 
 

@@ -18,13 +18,15 @@ from collections.abc import Sequence
 SEP = -1  # between sequences: no n-gram and no agreement crosses it
 
 
-def since_boundary(seq: Sequence[int], length: int, boundaries: frozenset[int]) -> int:
-    """Of the last `length` tokens of `seq`, how many come after its last boundary token."""
+def since_boundary(seq: Sequence[int], limit: int, boundaries: frozenset[int]) -> int:
+    """How many of `seq`'s last tokens come after its last boundary token, looking back at
+    most `limit` (`limit` when none is there): the most any agreement with its end may count.
+    The same for every candidate place, so a lookup finds it once."""
     if boundaries:
-        for i in range(1, length + 1):
+        for i in range(1, min(limit, len(seq)) + 1):
             if seq[-i] in boundaries:
                 return i - 1
-    return length
+    return limit
 
 
 class NgramMemory:
@@ -91,15 +93,17 @@ class NgramMemory:
         places = self._index.get(tuple(history[-self.n :]))
         if not places:
             return None
-        return max((self._agreement(history, f), f) for f in places)
+        cap = since_boundary(history, self.MAX_MATCH, self.boundaries)
+        return max((self._agreement(history, f, cap), f) for f in places)
 
-    def _agreement(self, history: Sequence[int], follow: int) -> int:
+    def _agreement(self, history: Sequence[int], follow: int, cap: int) -> int:
+        """How many tokens before `follow` equal `history`'s last ones, up to `cap`."""
         corpus, end, length = self._corpus, len(history), self.n
-        while length < self.MAX_MATCH and follow - length > 0 and end - length > 0:
+        while length < cap and follow - length > 0 and end - length > 0:
             if corpus[follow - length - 1] != history[end - length - 1]:
                 break  # a separator never equals a token
             length += 1
-        return since_boundary(history, length, self.boundaries)
+        return min(length, cap)
 
     def continuation(self, place: int, k: int) -> list[int]:
         """Up to k tokens remembered from `place` on, stopping at the end of their request."""
