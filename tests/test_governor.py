@@ -478,22 +478,24 @@ def test_a_task_never_seen_is_expected_to_stop_halfway_through_the_room_it_was_l
     assert "trying the draft model" in first_trial(256).reason
 
 
-def test_a_catch_up_is_spread_over_no_more_than_the_draft_models_recent_runs() -> None:
+def test_the_draft_models_later_catch_ups_are_a_cost_of_every_token_it_drafts() -> None:
     """Where n-gram steps leave the draft model behind every few steps (an answer that keeps
-    repeating itself), each catch-up serves only the few tokens the draft model drafts before
-    the next: spread over the whole answer expected it looked free, and a list answer ran
-    15% slower than by lookup alone. The demo curves, 10 tokens behind, 200 expected."""
+    repeating itself), it catches up again before each of its steps: priced only as they
+    came, each spread over the whole answer expected, they looked free, and a list answer ran
+    15% slower than by lookup alone. The task's upkeep (ms per token it commits) prices them.
+    The demo curves, 10 tokens behind, 200 expected, no n-gram match."""
     acc = {"ngram": Acceptance(), "model": seen(0.97)}
 
-    def pick(run: float) -> Choice:
+    def pick(upkeep: float, lag: int = 10) -> Choice:
         return choose(
-            Inputs(DEMO_TARGET, 7.1, 0.01, acc, 0, 8, 1, "none", 10, {}, DEMO_DRAFT, 200, run)
+            Inputs(DEMO_TARGET, 7.1, 0.01, acc, 0, 8, 1, "none", lag, {}, DEMO_DRAFT, 200, upkeep)
         )
 
-    assert pick(0.0).option == "model"  # runs never measured: the answer still expected
-    assert pick(150.0).option == "model"  # long runs: the catch-up pays
-    short = pick(8.0)
-    assert short.option == "none", short  # 8-token runs: each catch-up costs more than it saves
-    # A draft model that is caught up pays no catch-up, however short its runs.
-    caught_up = Inputs(DEMO_TARGET, 7.1, 0.01, acc, 0, 8, 1, "none", 1, {}, DEMO_DRAFT, 200, 8.0)
-    assert choose(caught_up).option == "model"
+    assert pick(0.0).option == "model"  # no later catch-ups measured: this one is paid once
+    assert pick(2.0).option == "model"  # a few ms per token: the draft model still pays
+    costly = pick(5.0)
+    assert costly.option == "none", costly  # it would not: later catch-ups cost more than it saves
+    assert "draft model est 0.9" in costly.reason
+    # Caught up or not, the catch-ups still to come are the same cost.
+    assert pick(5.0, lag=1).option == "none"
+    assert pick(2.0, lag=1).speedup > pick(2.0).speedup  # only this catch-up is saved

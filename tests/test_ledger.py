@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from homespec.engine.governor import PRIOR
+from homespec.engine.governor import MAX_K, PRIOR, STRETCH, Acceptance, expected_by_length
 from homespec.engine.ledger import (
     AGREEMENT_MAX,
     AGREEMENT_MIN,
@@ -86,6 +86,28 @@ def test_a_draft_models_measured_agreement_is_its_prior_on_a_task_never_seen() -
     assert ledger.acceptance("new")["model"].prior > 0.95
 
 
+def test_a_new_tasks_draft_model_positions_are_seeded_from_other_tasks_n_grams_are_not() -> None:
+    """How far the draft model keeps agreeing is the pair's; how long an n-gram match stays
+    right is the task's own. Seeds weigh SEED_WEIGHT observations and are not the task's
+    tries (its trial still runs)."""
+
+    def eight(acc: Acceptance) -> float:  # tokens a step drafting 8 commits, as best_k sees it
+        return list(expected_by_length(acc, acc.prior, STRETCH))[7]
+
+    ledger = Ledger(agreement=0.97)
+    for _ in range(200):
+        ledger.acceptance("email")["model"].record(8, 8)
+        ledger.acceptance("list", 8)["ngram"].record(16, 16)
+    model = ledger.acceptance("sql")["model"]
+    assert model.tries == [0.0] * MAX_K
+    assert sum(model.seed_tries[1:2]) == pytest.approx(4.0) and model.seed_tries[0] == 0.0
+    assert eight(model) > 7.5  # of 9: not stretched down from position 1
+    unseeded = Ledger(agreement=0.97).acceptance("sql")["model"]
+    assert eight(unseeded) < 5.0
+    ngram = ledger.acceptance("sql", 8)["ngram"]
+    assert ngram.seed_tries == [0.0] * MAX_K
+
+
 def test_a_task_never_seen_is_expected_to_run_at_most_half_the_room_left() -> None:
     ledger = Ledger()
     assert ledger.horizon("new", 4, room=500) == 2  # too early to tell: half of what ran
@@ -96,33 +118,45 @@ def test_a_task_never_seen_is_expected_to_run_at_most_half_the_room_left() -> No
     assert ledger.horizon("known", 8, room=56) == 56  # a known task's length is measured
 
 
-def test_a_tasks_draft_model_runs_are_measured_and_re_tested_when_unused() -> None:
-    """observe_run: what a catch-up served, until the draft model next fell behind."""
+def test_a_task_never_seen_is_expected_to_run_as_long_as_the_pairs_other_tasks_do() -> None:
     ledger = Ledger()
-    ledger.observe_run("list", 40, cut=True)  # ended by the answer, nothing known before
-    assert "list" not in ledger.runs
+    for task, length in (("list", 150), ("email", 170), ("chat", 60)):
+        ledger.observe_answer(task, length)
+    assert ledger.typical_answer == 150  # the median: one long or short task does not decide
+    assert ledger.horizon("sql", 8, room=500) == 150 - 8
+    assert ledger.horizon("sql", 8, room=152) == 8 + 76 - 8  # still no more than half the room
+    assert ledger.horizon("sql", 4, room=500) == 2  # nor before UNKNOWN_WAIT
+
+
+def test_a_tasks_later_catch_ups_are_priced_per_token_the_draft_model_commits() -> None:
+    """observe_upkeep: the catch-ups after the draft model's first drafting in an answer, in
+    ms per answer token its steps committed, weighed by how much it drafted."""
+    ledger = Ledger()
+    ledger.observe_upkeep("list", 0.0, 0)  # it never drafted: nothing known
+    assert "list" not in ledger.upkeep
     for _ in range(6):
-        ledger.observe_run("list", 8)  # n-gram steps kept interrupting it
-    assert 8 <= ledger.runs["list"] < 12
-    assert ledger.inputs("list", has_model=True, match=0, max_k=8).run == ledger.runs["list"]
-    assert ledger.inputs("other", has_model=True, match=0, max_k=8).run == 0.0
-    ledger.observe_run("list", 4, cut=True)  # an answer that ended sooner says nothing
-    assert ledger.runs["list"] < 12
-    # Answers in which it never caught up count as uninterrupted runs: the estimate grows
-    # back, so the draft model is given a catch-up again after a few of them.
+        ledger.observe_upkeep("list", 30.0, 10)  # n-gram steps kept leaving it behind
+    assert ledger.upkeep_ms("list") == pytest.approx(3.0)
+    assert ledger.inputs("list", has_model=True, match=0, max_k=8).upkeep == pytest.approx(3.0)
+    assert ledger.inputs("other", has_model=True, match=0, max_k=8).upkeep == 0.0
+    # A long answer that needed no second catch-up weighs more than a short costly one.
+    ledger.observe_upkeep("list", 0.0, 200)
+    assert ledger.upkeep_ms("list") < 0.5
+    # Answers in which it did not draft fade the estimate: the task re-tests it.
+    ledger.observe_upkeep("email", 50.0, 10)
     for _ in range(4):
-        ledger.observe_run("list", 256, cut=True)
-    assert ledger.runs["list"] > 150
+        ledger.observe_upkeep("email", 0.0, 0)
+    assert ledger.upkeep_ms("email") < 0.5 * 5.0
 
 
-def test_a_catch_up_ends_the_draft_models_run_only_when_it_costs_more_than_a_draft_token() -> None:
-    """Every step re-decodes 2 tokens (relag_ms); a catch-up on a few more costs little (an
-    exploring n-gram step leaves the draft model 3 behind) and must not end its run."""
+def test_a_later_catch_up_costs_what_the_draft_curve_says_beyond_a_steps_own_re_decode() -> None:
+    """Every draft-model step re-decodes 2 tokens (relag_ms, priced per step): only what a
+    catch-up costs beyond that is upkeep."""
     ledger = Ledger()
-    assert not ledger.ends_run(2)
-    assert ledger.ends_run(3)  # the draft model's costs never measured: any catch-up counts
+    assert ledger.later_catch_up_ms(8) == 0.0  # never measured: nothing to price it by
     ledger.observe_draft([(1, 11.2), (8, 44.4)])  # the demo draft on 2 cores
-    assert not ledger.ends_run(3)  # 4.7 ms over a 2-token decode: less than one token (11.2)
-    assert not ledger.ends_run(4)
-    assert ledger.ends_run(5)  # 14 ms over
-    assert ledger.ends_run(30)
+    assert ledger.later_catch_up_ms(2) == 0.0
+    assert ledger.later_catch_up_ms(3) == pytest.approx((44.4 - 11.2) / 7)  # one more token
+    two = 11.2 + (44.4 - 11.2) / 7
+    assert ledger.later_catch_up_ms(8) == pytest.approx(44.4 - two)
+    assert ledger.later_catch_up_ms(30) > ledger.later_catch_up_ms(8)

@@ -272,7 +272,8 @@ def _steps(
     used: dict[str, int] = {}
     handovers = 0  # draft-model steps finished by n-gram lookup
     last: Choice | None = None
-    run: int | None = None  # answer tokens of draft-model steps since its last catch-up
+    drafted = 0  # answer tokens the draft model's steps committed
+    later_ms = 0.0  # what its catch-ups after its first drafting cost (Ledger.observe_upkeep)
     while not done:
         room = min(max_new - stats.completion_tokens, rt.target.n_ctx - len(history)) - 1
         k = step_tokens(decision, room=room, max_outputs=rt.target.n_outputs_max)
@@ -285,10 +286,8 @@ def _steps(
                 rt, req.task, history, k, params, rng, use_model=decision.use_model, horizon=horizon
             )
             used[source] = used.get(source, 0) + 1
-            if ledger.ends_run(lag):
-                if run is not None:
-                    ledger.observe_run(req.task, run)
-                run = 0
+            if source == "model" and used[source] > 1:
+                later_ms += ledger.later_catch_up_ms(lag)
         elif drafter is not None and k > 0:
             source, proposal = drafter.kind, drafter.propose(history, k, params, rng)
             if source in ("model", "hybrid") and rt.draft is not None:
@@ -325,8 +324,8 @@ def _steps(
                 emitted.append(chunk)
             if done:  # EOS or a stop string inside the step: the rest is not the answer
                 break
-        if source == "model" and run is not None:
-            run += stats.completion_tokens - before
+        if source == "model":
+            drafted += stats.completion_tokens - before
         if emitted:
             yield emitted
 
@@ -344,10 +343,7 @@ def _steps(
     if decision.drafter == "auto":
         cut = stats.finish_reason == "length"
         ledger.observe_answer(req.task, stats.completion_tokens, cut=cut)
-        # An answer in which the draft model never caught up counts as one run cut by its end:
-        # else a task once measured with short runs would never pay a catch-up again, however
-        # its answers change (a re-test, as the governor re-tests options it does not use).
-        ledger.observe_run(req.task, stats.completion_tokens if run is None else run, cut=True)
+        ledger.observe_upkeep(req.task, later_ms, drafted)
     if req.remember:
         rt.ngram.remember(history)
     tail = text.flush()

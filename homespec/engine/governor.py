@@ -140,6 +140,10 @@ class Acceptance:
     tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
     kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
     prior: float = PRIOR  # position 1's acceptance before anything was measured
+    # What the pair's other tasks measured at positions 2 and on, as a few observations
+    # (Ledger.acceptance seeds a new task's table with them; never decayed, never saved)
+    seed_tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+    seed_kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
 
     def record(self, proposed: int, accepted: int) -> None:
         for i in range(MAX_K):
@@ -151,13 +155,15 @@ class Acceptance:
                 self.kept[i] += 1
 
     def rate(self, i: int, prior: float) -> float:
-        return (self.kept[i] + prior * PRIOR_WEIGHT) / (self.tries[i] + PRIOR_WEIGHT)
+        kept = self.kept[i] + self.seed_kept[i] + prior * PRIOR_WEIGHT
+        return kept / (self.tries[i] + self.seed_tries[i] + PRIOR_WEIGHT)
 
     def reach(self) -> int:
         """How long a draft may be on the evidence: REACH_GROWTH × the deepest position tried
         at least once lately (MIN_REACH before that). Draft lengths grow by doubling as long
         drafts keep being kept, like a congestion window, never straight to 64 on faith."""
-        deepest = next((i + 1 for i in range(MAX_K - 1, -1, -1) if self.tries[i] >= 1.0), 0)
+        tried = [t + seed for t, seed in zip(self.tries, self.seed_tries, strict=True)]
+        deepest = next((i + 1 for i in range(MAX_K - 1, -1, -1) if tried[i] >= 1.0), 0)
         return max(MIN_REACH, REACH_GROWTH * deepest)
 
 
@@ -219,9 +225,10 @@ class Inputs:
     # Answer tokens still expected (0: unknown): a draft model's catch-up is paid once and
     # serves every step after it, so it is spread over these (see best_k).
     horizon: int = 0
-    # Answer tokens the draft model has committed after a catch-up before it lagged again, on
-    # this task lately (0: unknown; Ledger.observe_run): a catch-up serves no more than these.
-    run: float = 0.0
+    # What the draft model's later catch-ups cost on this task lately, in ms per answer token
+    # its steps committed (Ledger.observe_upkeep): n-gram steps and hand-overs leave it behind
+    # again, and each time it catches up once more. A cost of every token it drafts.
+    upkeep: float = 0.0
 
 
 def catch_up_ms(inp: Inputs) -> float:
@@ -262,10 +269,10 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     never chosen, however well it drafts. So the catch-up is spread over the answer tokens
     still expected (`horizon`): throughput = tokens over that stretch / (catch-up + their
     steps), the catch-up priced at CATCH_UP_RISK times its cost. With no horizon known, over
-    this one step; where the task's draft-model runs (`run`) have been shorter than the
-    horizon, over one run: n-gram steps in between leave the draft model behind again."""
+    this one step. The catch-ups it will need later, where n-gram steps in between leave it
+    behind again, are a cost per token it commits (`upkeep`, measured on the task)."""
     acc = inp.acceptance[option]
-    once = relag = 0.0
+    once = relag = upkeep = 0.0
     if option == "ngram":
         limit, per_token, fixed = min(inp.ngram_match, inp.max_k), 0.0, inp.ngram_ms
         stretch = 1.0
@@ -278,14 +285,13 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
         once = catch_up_ms(inp) if inp.model_lag > RELAG else 0.0
         once *= CATCH_UP_RISK if inp.horizon else 1.0
         relag = relag_ms(inp)
+        upkeep = inp.upkeep
         stretch = STRETCH
     limit = min(limit, acc.reach())
     if limit <= 0:
         return None
     prior = acc.prior
     spread = float(inp.horizon)
-    if inp.run > 0 and inp.horizon:
-        spread = min(spread, inp.run)
     best: Estimate | None = None
     previous = 1.0
     lengths = expected_by_length(acc, prior, stretch)
@@ -296,7 +302,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
             return None
         step = cost + fixed + relag * survive + per_token * k
         span = max(spread, tokens)  # the tokens the catch-up is spread over
-        tpm = span / (once + span * step / tokens)
+        tpm = span / (once + span * (step / tokens + upkeep))
         if best is None or tpm > best.tokens_per_ms:
             best = Estimate(option, k, tpm, acc.rate(0, prior))
         elif survive < 0.01:
@@ -374,7 +380,9 @@ def hand_over(inp: Inputs) -> int:
     ngram = best_k(inp, "ngram")
     if ngram is None:
         return 0
-    model = best_k(replace(inp, model_lag=0), "model")
+    # The draft model drafting on is priced without upkeep: it is handing over that leaves it
+    # behind, not drafting on.
+    model = best_k(replace(inp, model_lag=0, upkeep=0.0), "model")
     if model is not None and model.tokens_per_ms >= ngram.tokens_per_ms:
         return 0
     return ngram.k

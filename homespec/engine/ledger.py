@@ -6,6 +6,7 @@ reads from the clock; `Ledger.inputs()` hands one step's view to `governor.choos
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,10 @@ from homespec.engine.governor import (
 
 DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a target token
 STATE_VERSION = 1  # of Ledger.acceptance_state()
-HORIZON_UNKNOWN = 64  # answer tokens expected for a task whose answers were never seen
+HORIZON_UNKNOWN = 64  # answer tokens expected of a task never seen, on a pair that saw none
+SEED_WEIGHT = 4.0  # observations at position 2 that a new task's seed weighs (Ledger._new)
+SPAN = range(MAX_K)
+UPKEEP_FADE = 0.8  # see observe_upkeep
 UNKNOWN_WAIT = 8  # answer tokens such a task's answer runs before a catch-up is spent on it
 AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, within these
 MAX_TASKS = 64  # task names are the client's: a bounded table
@@ -50,7 +54,9 @@ class Ledger:
     answers: dict[str | None, float] = field(default_factory=dict)  # typical length, by task
     # The draft model's agreement with the target, measured at load (engine/calibration.py)
     agreement: float | None = None
-    runs: dict[str | None, float] = field(default_factory=dict)  # see observe_run, by task
+    # by task: moving averages of (ms of later catch-ups, tokens of draft-model steps) per
+    # answer; see observe_upkeep
+    upkeep: dict[str | None, tuple[float, float]] = field(default_factory=dict)
 
     def chose(self, option: Option) -> None:
         """Record a step's choice (for hysteresis and exploration)."""
@@ -70,10 +76,33 @@ class Ledger:
         bucket = match_bucket(match_len)
         key = f"ngram@{bucket}"
         if key not in table:
-            table[key] = Acceptance(prior=self._pooled(key, MATCH_PRIORS[bucket]))
+            table[key] = self._new(key, MATCH_PRIORS[bucket])
         if "model" not in table:
-            table["model"] = Acceptance(prior=self._pooled("model", self.model_prior))
+            table["model"] = self._new("model", self.model_prior, seed=True)
         return {"ngram": table[key], "model": table["model"]}
+
+    def _new(self, key: str, default: float, *, seed: bool = False) -> Acceptance:
+        """A new task's table for `key`: position 1's prior pooled from the pair's other tasks
+        (`_pooled`); with `seed`, positions 2 and on seeded with what they measured there,
+        scaled to SEED_WEIGHT observations at position 2.
+
+        The draft model is seeded: how far it keeps agreeing with its target is much the same
+        from task to task. Left to STRETCH from position 1 alone, a new task priced the demo
+        draft, which kept 6 drafts in a row most of the time on every other task, at 1.05×
+        plain caught up (it drafted at 1.4×), and its trial on an SQL answer came or did not
+        by a few ms of catch-up noise. N-gram lookup is not: how long a match stays right is
+        the task's own (a copied file, a repeating list), and seeded from those, extraction
+        answers proposed 30 tokens at a 4-token match and kept 1 (0.77× forced n-gram)."""
+        acc = Acceptance(prior=self._pooled(key, default))
+        if not seed:
+            return acc
+        tries = [sum(t[key].tries[i] for t in self.by_task.values() if key in t) for i in SPAN]
+        kept = [sum(t[key].kept[i] for t in self.by_task.values() if key in t) for i in SPAN]
+        if tries[1] > 0:
+            scale = min(1.0, SEED_WEIGHT / tries[1])
+            acc.seed_tries = [0.0] + [x * scale for x in tries[1:]]
+            acc.seed_kept = [0.0] + [x * scale for x in kept[1:]]
+        return acc
 
     @property
     def model_prior(self) -> float:
@@ -114,39 +143,47 @@ class Ledger:
         while len(self.answers) > MAX_TASKS:
             del self.answers[next(iter(self.answers))]
 
-    def observe_run(self, task: str | None, tokens: int, *, cut: bool = False) -> None:
-        """Answer tokens the draft model's steps committed after one catch-up and before the
-        next that `ends_run` (`cut`: the answer ended first, so its run would have gone on).
-
-        A catch-up is paid once for the tokens the draft model then drafts until it next lags,
-        and n-gram steps, or lookup finishing its proposals, leave it behind every few steps
-        where an answer keeps repeating itself: spread over the whole answer still expected,
-        a 10-token catch-up before each of its steps was priced as nearly free, and a list
-        answer ran 15% slower than by n-gram lookup alone. What a task's runs have been is
-        what the next catch-up is spread over (`Inputs.run`)."""
-        old = self.runs.pop(task, None)
-        if cut and old is not None and tokens <= old:
-            value = old  # ended by the answer, not by a lag: no evidence that runs are short
-        elif cut and old is None:
-            return
-        else:
-            value = float(tokens) if old is None else 0.7 * old + 0.3 * tokens
-        self.runs[task] = value
-        while len(self.runs) > MAX_TASKS:
-            del self.runs[next(iter(self.runs))]
-
-    def ends_run(self, lag: int) -> bool:
-        """Whether a draft model `lag` tokens behind pays a catch-up that ends its run: one
-        that costs it more than a token of its own beyond every step's 2-token re-decode
-        (relag_ms). Shorter ones, after an exploring n-gram step, say, cost little (4 ms for
-        3 tokens on the demo draft), and counted as ends they cut a run that went on for
-        100 tokens to 80, and the draft model was not caught up on the task's next prompt."""
+    def later_catch_up_ms(self, lag: int) -> float:
+        """What a catch-up on `lag` tokens costs the draft model beyond every step's own
+        2-token re-decode (relag_ms, priced per step), by its measured cost curve."""
         if lag <= RELAG:
-            return False
-        one, two, now = self.draft.at(1), self.draft.at(2), self.draft.at(lag)
-        if one is None or two is None or now is None:
-            return True  # never measured: every catch-up counts
-        return now - two > one
+            return 0.0
+        two, now = self.draft.at(2), self.draft.at(lag)
+        return 0.0 if two is None or now is None else max(0.0, now - two)
+
+    def observe_upkeep(self, task: str | None, ms: float, tokens: int) -> None:
+        """One answer's later catch-ups: the `ms` they cost (later_catch_up_ms of every
+        catch-up after the draft model's first drafting in the answer, which was priced as it
+        happened) over the `tokens` its steps committed. Kept as moving averages of both, so
+        the task's upkeep (`upkeep_ms`) weighs answers by how much the draft model drafted.
+
+        Where an answer keeps repeating itself, n-gram steps and hand-overs leave the draft
+        model behind every step or two, and before each of its steps it catches up on a few
+        tokens: priced only as they came, each spread over the whole answer still expected,
+        they looked free, and a list answer ran 15% slower than by n-gram lookup alone. (Spread
+        instead over the task's recent runs between catch-ups, the prompt's catch-up was priced
+        over 80 tokens where the draft model then served 148: an e-mail answer, whose runs end
+        because n-gram lookup is better for a while, ran 5% slower.) An answer in which the
+        draft model did not draft fades the estimate (UPKEEP_FADE): a task once measured as
+        costly tries it again after a few answers, as the governor re-tests what it is not
+        using."""
+        old = self.upkeep.pop(task, None)
+        if tokens <= 0:
+            if old is None:
+                return
+            value = (old[0] * UPKEEP_FADE, old[1])
+        elif old is None:
+            value = (ms, float(tokens))
+        else:
+            value = (0.7 * old[0] + 0.3 * ms, 0.7 * old[1] + 0.3 * tokens)
+        self.upkeep[task] = value
+        while len(self.upkeep) > MAX_TASKS:
+            del self.upkeep[next(iter(self.upkeep))]
+
+    def upkeep_ms(self, task: str | None) -> float:
+        """The task's later catch-ups, in ms per answer token the draft model commits."""
+        ms, tokens = self.upkeep.get(task, (0.0, 0.0))
+        return ms / tokens if tokens > 0 else 0.0
 
     def horizon(self, task: str | None, generated: int, room: int) -> int:
         """Answer tokens still expected, over which a draft model's catch-up may be spread,
@@ -156,9 +193,10 @@ class Ledger:
         it turned a draft model that was drafting well off for the rest of it, as the 2-token
         catch-up after each of its steps was then priced into a single step.
 
-        A task never seen is expected to run HORIZON_UNKNOWN tokens, but only once its answer
-        has run UNKNOWN_WAIT: until then it may be a few-token one ("22", "Hello! How are you
-        today?"), which the draft model's catch-up on the prompt made 25% slower than plain.
+        A task never seen is expected to run as long as the pair's other tasks typically do
+        (`typical_answer`), but only once its answer has run UNKNOWN_WAIT: until then it may
+        be a few-token one ("22", "Hello! How are you today?"), which the draft model's
+        catch-up on the prompt made 25% slower than plain.
         Nor past halfway through the room the client left it (max_tokens): all that is known
         of such an answer is that it stops somewhere in there. (A rewrite of one sentence,
         asked with max_tokens 64, was expected to run 56 more tokens at its 8th; the draft
@@ -166,10 +204,18 @@ class Ledger:
         plain.)"""
         typical = self.answers.get(task)
         if typical is None:
-            unknown = min(HORIZON_UNKNOWN, generated + room / 2)
+            unknown = min(self.typical_answer, generated + room / 2)
             typical = unknown if generated >= UNKNOWN_WAIT else 0.0
         left = max(typical - generated, generated / 2)
         return max(0, min(room, int(left)))
+
+    @property
+    def typical_answer(self) -> float:
+        """What a task never seen is expected to run: the median of the pair's other tasks'
+        typical lengths, HORIZON_UNKNOWN before any answer was seen. (A fixed 64 had an SQL
+        answer that ran 116 tokens expected at 56 more at its 8th, and the draft model, which
+        drafted it 1.35× as fast as plain, was never caught up on its 50-token prompt.)"""
+        return statistics.median(self.answers.values()) if self.answers else HORIZON_UNKNOWN
 
     def acceptance_state(self) -> dict[str, Any]:
         """What was learned about acceptance, as JSON-able data (kept across restarts; costs
@@ -233,7 +279,7 @@ class Ledger:
         match_len: int = 0,
         horizon: int = 0,
     ) -> Inputs:
-        """One step's view for `choose()` (the task's draft-model run length included)."""
+        """One step's view for `choose()` (the task's draft-model upkeep included)."""
         draft_ms = self.draft_ms
         if has_model and draft_ms is None:  # not measured yet: a prior, until it drafts once
             draft_ms = (self.verify.at(1) or 0.0) * DRAFT_COST_PRIOR
@@ -250,5 +296,5 @@ class Ledger:
             dict(self.last_used),
             self.draft if has_model else None,
             horizon,
-            self.runs.get(task, 0.0),
+            self.upkeep_ms(task),
         )
