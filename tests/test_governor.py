@@ -496,6 +496,9 @@ def test_the_draft_models_later_catch_ups_are_a_cost_of_every_token_it_drafts() 
     costly = pick(5.0)
     assert costly.option == "none", costly  # it would not: later catch-ups cost more than it saves
     assert "draft model est 0.9" in costly.reason
+    assert "(later catch-ups 5.0 ms/token)" in costly.reason  # the reason says what it priced
+    assert "later catch-ups 2.0 ms/token" in pick(2.0).reason
+    assert "later catch-ups" not in pick(0.0).reason
     # Caught up or not, the catch-ups still to come are the same cost.
     assert pick(5.0, lag=1).option == "none"
     assert pick(2.0, lag=1).speedup > pick(2.0).speedup  # only this catch-up is saved

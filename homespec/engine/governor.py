@@ -330,7 +330,7 @@ def choose(inp: Inputs) -> Choice:
 
     def others(chosen: Option) -> str:
         rest = [
-            f"{_name(e.option)} est {e.tokens_per_ms / plain:.2f}×"
+            f"{_name(e.option)} est {e.tokens_per_ms / plain:.2f}×{_upkeep(inp, e.option)}"
             for e in options
             if e.option != chosen
         ]
@@ -364,6 +364,7 @@ def choose(inp: Inputs) -> Choice:
         f"governor: {_name(best.option)}, {best.k} tokens/step, est "
         f"{best.tokens_per_ms / plain:.2f}× plain (accept {best.first_rate:.2f} at pos 1)"
         + behind
+        + _upkeep(inp, best.option)
         + others(best.option)
     )
     return Choice(best.option, best.k, best.tokens_per_ms / plain, why)
@@ -410,6 +411,13 @@ def _trial(inp: Inputs, rival: float) -> Choice | None:
         f"{caught_up.first_rate:.2f} at pos 1){behind}"
     )
     return Choice("model", k, caught_up.tokens_per_ms * plain_cost, why)
+
+
+def _upkeep(inp: Inputs, option: Option) -> str:
+    """The draft model's later catch-ups in a reason, where they were priced."""
+    if option != "model" or inp.upkeep < 0.05:
+        return ""
+    return f" (later catch-ups {inp.upkeep:.1f} ms/token)"
 
 
 def _name(option: Option) -> str:
