@@ -141,7 +141,7 @@ class Acceptance:
     kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
     prior: float = PRIOR  # position 1's acceptance before anything was measured
     # What the pair's other tasks measured at positions 2 and on, as a few observations
-    # (Ledger.acceptance seeds a new task's table with them; never decayed, never saved)
+    # (Ledger._new seeds a new task's table with them; never decayed, never saved)
     seed_tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
     seed_kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
 
@@ -162,8 +162,10 @@ class Acceptance:
         """How long a draft may be on the evidence: REACH_GROWTH × the deepest position tried
         at least once lately (MIN_REACH before that). Draft lengths grow by doubling as long
         drafts keep being kept, like a congestion window, never straight to 64 on faith."""
-        tried = [t + seed for t, seed in zip(self.tries, self.seed_tries, strict=True)]
-        deepest = next((i + 1 for i in range(MAX_K - 1, -1, -1) if tried[i] >= 1.0), 0)
+        deepest = next(
+            (i + 1 for i in range(MAX_K - 1, -1, -1) if self.tries[i] + self.seed_tries[i] >= 1),
+            0,
+        )
         return max(MIN_REACH, REACH_GROWTH * deepest)
 
 

@@ -28,7 +28,6 @@ DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a targe
 STATE_VERSION = 1  # of Ledger.acceptance_state()
 HORIZON_UNKNOWN = 64  # answer tokens expected of a task never seen, on a pair that saw none
 SEED_WEIGHT = 4.0  # observations at position 2 that a new task's seed weighs (Ledger._new)
-SPAN = range(MAX_K)
 UPKEEP_FADE = 0.8  # see observe_upkeep
 UNKNOWN_WAIT = 8  # answer tokens such a task's answer runs before a catch-up is spent on it
 AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, within these
@@ -82,8 +81,12 @@ class Ledger:
         return {"ngram": table[key], "model": table["model"]}
 
     def _new(self, key: str, default: float, *, seed: bool = False) -> Acceptance:
-        """A new task's table for `key`: position 1's prior pooled from the pair's other tasks
-        (`_pooled`); with `seed`, positions 2 and on seeded with what they measured there,
+        """A new task's table for `key`, from what the pair measured on its other tasks.
+
+        Position 1's prior: their kept/tried there, shrunk toward `default` (all of it, before
+        anything was measured). A fixed 0.6 kept a draft that agrees 95% of the time with its
+        target from ever being tried on a new task once it lagged behind the prompt: it priced
+        it below plain. With `seed`, positions 2 and on are seeded with their counts there,
         scaled to SEED_WEIGHT observations at position 2.
 
         The draft model is seeded: how far it keeps agreeing with its target is much the same
@@ -93,12 +96,14 @@ class Ledger:
         by a few ms of catch-up noise. N-gram lookup is not: how long a match stays right is
         the task's own (a copied file, a repeating list), and seeded from those, extraction
         answers proposed 30 tokens at a 4-token match and kept 1 (0.77× forced n-gram)."""
-        acc = Acceptance(prior=self._pooled(key, default))
-        if not seed:
-            return acc
-        tries = [sum(t[key].tries[i] for t in self.by_task.values() if key in t) for i in SPAN]
-        kept = [sum(t[key].kept[i] for t in self.by_task.values() if key in t) for i in SPAN]
-        if tries[1] > 0:
+        tries, kept = [0.0] * MAX_K, [0.0] * MAX_K
+        for table in self.by_task.values():
+            if key in table:
+                tries = [a + b for a, b in zip(tries, table[key].tries, strict=True)]
+                kept = [a + b for a, b in zip(kept, table[key].kept, strict=True)]
+        prior = (kept[0] + default * PRIOR_WEIGHT) / (tries[0] + PRIOR_WEIGHT)
+        acc = Acceptance(prior=prior)
+        if seed and tries[1] > 0:
             scale = min(1.0, SEED_WEIGHT / tries[1])
             acc.seed_tries = [0.0] + [x * scale for x in tries[1:]]
             acc.seed_kept = [0.0] + [x * scale for x in kept[1:]]
@@ -114,15 +119,6 @@ class Ledger:
         if self.agreement is None:
             return PRIOR
         return min(AGREEMENT_MAX, max(AGREEMENT_MIN, self.agreement))
-
-    def _pooled(self, key: str, default: float) -> float:
-        """A new task's prior for `key`: what this pair measured at position 1 on its other
-        tasks, shrunk toward `default` (all of it, before anything was measured). A fixed
-        0.6 kept a draft that agrees 95% of the time with its target from ever being tried
-        on a new task once it lagged behind the prompt: it priced it below plain."""
-        tries = sum(t[key].tries[0] for t in self.by_task.values() if key in t)
-        kept = sum(t[key].kept[0] for t in self.by_task.values() if key in t)
-        return (kept + default * PRIOR_WEIGHT) / (tries + PRIOR_WEIGHT)
 
     def observe_answer(self, task: str | None, tokens: int, *, cut: bool = False) -> None:
         """A finished answer's length: what the next answer to this task is expected to run.
