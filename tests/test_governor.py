@@ -378,6 +378,26 @@ def test_a_task_never_seen_spends_no_catch_up_on_a_few_token_answer() -> None:
     assert "trying the draft model" in pick(8).reason
 
 
+def test_a_task_is_not_tried_once_the_pair_measured_the_draft_model_on_another() -> None:
+    """The trial is for a draft model the pair knows nothing of. Once another task measured
+    it, a new task's table is seeded from theirs and the estimate decides: measured poor, it
+    is not caught up on a new prompt for a trial (on a shell-script edit that trial cost 10%
+    against forced n-gram); measured good, the estimate itself picks it."""
+
+    def first_step(other_rate: float | None) -> Choice:
+        ledger = Ledger(verify=DEMO_TARGET, draft=DEMO_DRAFT)
+        if other_rate is not None:
+            ledger.by_task["list"] = {"model": seen(other_rate, k=8)}
+        inp = ledger.inputs("edit", has_model=True, match=0, max_k=8, model_lag=31, horizon=64)
+        return choose(inp)
+
+    assert "trying the draft model" in first_step(None).reason
+    poor = first_step(0.5)
+    assert poor.option == "none" and "trying" not in poor.reason, poor
+    good = first_step(0.97)
+    assert good.option == "model" and "trying" not in good.reason, good
+
+
 def test_a_trial_is_not_made_where_it_cannot_pay() -> None:
     """Not behind a catch-up that costs much of the answer (a long document), not with a
     draft as costly as its target, not where n-gram drafting already does far better."""

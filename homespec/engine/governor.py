@@ -43,7 +43,11 @@ EXPLORE_MAX_LAG = 8  # tokens a draft model may lag behind and still be explored
 # tries on the task, the draft model drafts (TRIAL_K or more tokens) when that could pay: once
 # caught up, its estimate is at least TRIAL_FLOOR × the best other option's, and the catch-up
 # costs at most TRIAL_SHARE of the answer still expected, at plain speed. A few steps, once a
-# task (what they measure is kept, across restarts too).
+# task (what they measure is kept, across restarts too). Only while the pair has measured the
+# draft model on no other task: once it has, a new task's table is seeded from theirs
+# (Ledger._new) and the estimate has evidence behind it. (Forced on such a task anyway, a trial
+# caught the draft model up on a 125-token shell script it then drafted badly: 0.90× forced
+# n-gram on that answer, 1.03× on its task's three without.)
 TRIAL_TRIES = 8
 TRIAL_K = 4
 TRIAL_FLOOR = 0.8
@@ -397,6 +401,8 @@ def _trial(inp: Inputs, rival: float) -> Choice | None:
     acc = inp.acceptance["model"]
     if inp.draft_ms is None or acc.tries[0] >= TRIAL_TRIES or inp.horizon <= 0:
         return None
+    if any(acc.seed_tries):
+        return None  # the pair's other tasks measured it: the estimate decides
     plain_cost = inp.verify.at(1)
     catch_up = catch_up_ms(inp)
     if plain_cost is None or catch_up > TRIAL_SHARE * inp.horizon * plain_cost:
