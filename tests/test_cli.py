@@ -95,6 +95,14 @@ def test_ask_explain_marks_drafted_text(demo_manifest: Manifest) -> None:
     assert "[" in out and "]" in out
 
 
+def plain_reason(reason: str) -> bool:
+    """The reason of an answer asked without speculation: that, and on a box where other
+    processes took CPU lately, the thread adapter's note (engine/neighbours.py), which a busy
+    CI machine adds and a quiet one does not."""
+    off = "request: speculation off"
+    return reason == off or reason.startswith(f"{off}; threads ")
+
+
 def test_ask_ngram_pair_and_no_spec(demo_manifest: Manifest) -> None:
     code, out, _ = ask_demo(
         "List three colors.",
@@ -107,11 +115,8 @@ def test_ask_ngram_pair_and_no_spec(demo_manifest: Manifest) -> None:
     )
     assert code == 0
     stats = json.loads(out)["stats"]
-    assert (stats["mode"], stats["reason"], stats["pair"]) == (
-        "plain",
-        "request: speculation off",
-        "smollm2-ngram",
-    )
+    assert (stats["mode"], stats["pair"]) == ("plain", "smollm2-ngram")
+    assert plain_reason(stats["reason"]), stats["reason"]
 
 
 def test_unknown_key(tmp_path: Path, target_path: Path) -> None:
@@ -226,7 +231,7 @@ def test_bench_json_reports_each_mode_per_task(demo_manifest: Manifest, tmp_path
     for (_, mode), row in rows.items():
         if mode == "plain":
             assert row["speedup"] is None
-            assert row["reasons"] == ["request: speculation off"]
+            assert [plain_reason(r) for r in row["reasons"]] == [True], row["reasons"]
         else:
             assert row["speedup"] > 0
             # a draft model always proposes; n-gram lookup only where the text repeats, and
