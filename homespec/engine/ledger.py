@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from homespec.engine.governor import (
     MATCH_BUCKETS,
@@ -32,6 +32,7 @@ UPKEEP_FADE = 0.8  # see observe_upkeep
 UNKNOWN_WAIT = 8  # answer tokens such a task's answer runs before a catch-up is spent on it
 AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, within these
 MAX_TASKS = 64  # task names are the client's: a bounded table
+V = TypeVar("V")
 KNOWN_KEYS = {"model", *(f"ngram@{b}" for b in MATCH_BUCKETS)}  # Ledger.by_task's keys
 
 
@@ -130,14 +131,12 @@ class Ledger:
         next answer. (Averaged in like an answer that ended, three 256-token cut answers had
         the task expected at 64, 122 and 162 tokens: a catch-up on its long prompts never
         looked worth a trial.)"""
-        old = self.answers.pop(task, None)
+        old = self.answers.get(task)
         if cut:
-            floor = HORIZON_UNKNOWN if old is None else old
-            self.answers[task] = max(floor, float(tokens))
+            value = max(HORIZON_UNKNOWN if old is None else old, float(tokens))
         else:
-            self.answers[task] = float(tokens) if old is None else 0.7 * old + 0.3 * tokens
-        while len(self.answers) > MAX_TASKS:
-            del self.answers[next(iter(self.answers))]
+            value = float(tokens) if old is None else 0.7 * old + 0.3 * tokens
+        _keep_recent(self.answers, task, value)
 
     def later_catch_up_ms(self, lag: int) -> float:
         """What a catch-up on `lag` tokens costs the draft model beyond every step's own
@@ -163,7 +162,7 @@ class Ledger:
         draft model did not draft fades the estimate (UPKEEP_FADE): a task once measured as
         costly tries it again after a few answers, as the governor re-tests what it is not
         using."""
-        old = self.upkeep.pop(task, None)
+        old = self.upkeep.get(task)
         if tokens <= 0:
             if old is None:
                 return
@@ -172,9 +171,7 @@ class Ledger:
             value = (ms, float(tokens))
         else:
             value = (0.7 * old[0] + 0.3 * ms, 0.7 * old[1] + 0.3 * tokens)
-        self.upkeep[task] = value
-        while len(self.upkeep) > MAX_TASKS:
-            del self.upkeep[next(iter(self.upkeep))]
+        _keep_recent(self.upkeep, task, value)
 
     def upkeep_ms(self, task: str | None) -> float:
         """The task's later catch-ups, in ms per answer token the draft model commits."""
@@ -294,3 +291,12 @@ class Ledger:
             horizon,
             self.upkeep_ms(task),
         )
+
+
+def _keep_recent(table: dict[str | None, V], task: str | None, value: V) -> None:
+    """Store `value` as the most recently used task's and drop the least recently used
+    beyond MAX_TASKS (task names are the client's: a bounded table)."""
+    table.pop(task, None)
+    table[task] = value
+    while len(table) > MAX_TASKS:
+        del table[next(iter(table))]
