@@ -21,8 +21,10 @@ FILE a JSON object {"verify": {"1": ms, …}, "draft": {"1": ms, …}} (ms of on
 in it; `homespec doctor --measure` prints this machine's). Speed claims still come from
 `homespec bench`; this says whether a decision change helps at given costs.
 
-Each run starts as the bench's do (another chat in both caches); the n-gram memory learns each
-prompt from the last mode's run; the thread adapter is off (no timings to adapt to).
+Each run starts as the bench's do (another chat in both caches), but with no warm-up before
+the first, as a fresh daemon's first requests; the n-gram memory learns each prompt from the
+last mode's run; the draft model's agreement with the target is measured as at load (argmax
+on a fixed chat: the same every time); the thread adapter is off (no timings to adapt to).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before 
 
 # isort: split
 from homespec.bench import _another_chat, _request
+from homespec.engine.calibration import agreement
 from homespec.engine.generate import PairRuntime, generate
 from homespec.engine.governor import CostCurve
 from homespec.engine.llama_backend import LlamaContext
@@ -116,6 +119,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with load_pair(load_manifest(None), args.pair) as loaded:
         rt = loaded.runtime
+        rt.ledger.agreement = agreement(rt)  # before pin_costs: its decodes are not priced
         pin_costs(rt, cost_table(args.costs), clock)
         for idx, item in enumerate(items):
             for mode in modes:
