@@ -32,19 +32,19 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before numpy's)
 
 # isort: split
-from homespec.bench import _another_chat, _request
+from homespec.bench import AUTO, Run, _another_chat, _request, render_table, summarize
 from homespec.engine.calibration import agreement
 from homespec.engine.generate import PairRuntime, generate
 from homespec.engine.governor import CostCurve
 from homespec.engine.llama_backend import LlamaContext
 from homespec.engine.loader import load_pair
-from homespec.engine.types import GenerationStats
+from homespec.engine.types import GenerationRequest, GenerationStats
 from homespec.manifest import load_manifest
 from homespec.workload import load_workload
 
@@ -72,18 +72,18 @@ def cost_table(spec: str) -> dict[str, dict[int, float]]:
 
 
 def pin_costs(rt: PairRuntime, table: dict[str, dict[int, float]], clock: list[float]) -> None:
-    """Give the governor `table` and nothing else, and add each decode's price to clock[0]."""
-    ledger = rt.ledger
+    """Give the governor `table` and nothing else, and add each decode's price to clock[0]
+    (by the same curves: they never change)."""
     verify, draft = CostCurve(dict(table["verify"])), CostCurve(dict(table["draft"]))
-    ledger.verify, ledger.quiet, ledger.draft = verify, CostCurve(dict(table["verify"])), draft
     for curve in (verify, draft):
         curve.observe = lambda n, ms: None  # type: ignore[method-assign]
+    rt.ledger.verify = rt.ledger.quiet = verify
+    rt.ledger.draft = draft
     rt.threads = None
-    ref_verify, ref_draft = CostCurve(dict(table["verify"])), CostCurve(dict(table["draft"]))
-    contexts = [(rt.target, ref_verify)]
+    contexts = [(rt.target, verify)]
     if rt.draft is not None:
-        contexts.append((rt.draft.ctx, ref_draft))
-    for ctx, ref in contexts:
+        contexts.append((rt.draft.ctx, draft))
+    for ctx, curve in contexts:
         assert isinstance(ctx, LlamaContext)  # the real models: their decodes are priced
         decode: Callable[[list[int], int, int, int], None] = ctx._decode
 
@@ -93,12 +93,31 @@ def pin_costs(rt: PairRuntime, table: dict[str, dict[int, float]], clock: list[f
             end: int,
             first_logit: int,
             decode: Callable[[list[int], int, int, int], None] = decode,
-            ref: CostCurve = ref,
+            curve: CostCurve = curve,
         ) -> None:
-            clock[0] += ref.at(end - start) or 0.0
+            clock[0] += curve.at(end - start) or 0.0
             decode(history, start, end, first_logit)
 
         ctx._decode = priced  # type: ignore[method-assign]
+
+
+def run_priced(rt: PairRuntime, req: GenerationRequest, clock: list[float]) -> Run:
+    """One request as the bench runs it (bench._run_one), its e2e and ttft the priced time."""
+    _another_chat(rt)
+    clock[0] = 0.0
+    parts: list[str] = []
+    stats: GenerationStats | None = None
+    first = 0.0  # the priced time at the first text
+    for out in generate(rt, req):
+        if isinstance(out, GenerationStats):
+            stats = out
+        else:
+            if not parts:
+                first = clock[0]
+            parts.append(out.text)
+    assert stats is not None
+    stats.e2e_ms, stats.ttft_ms = clock[0], first if parts else clock[0]
+    return Run(req.task or "", 0, 0, "", "".join(parts), stats)
 
 
 def main() -> None:
@@ -109,68 +128,36 @@ def main() -> None:
     ap.add_argument("--costs", default="cpu", help="cpu, gpu or a JSON file (see above)")
     ap.add_argument("--pair")
     ap.add_argument("--why", action="store_true", help="print each auto answer's reason")
-    ap.add_argument("--json", type=Path, help="write the per-prompt figures here")
+    ap.add_argument("--json", type=Path, help="write the table's rows here")
     args = ap.parse_args()
     items = load_workload(args.workload)
     if args.task:
         items = [i for i in items if i.task in args.task.split(",")]
     modes = args.modes.split(",")
     clock = [0.0]
-    rows: list[dict[str, Any]] = []
+    runs: list[Run] = []
     with load_pair(load_manifest(None), args.pair) as loaded:
         rt = loaded.runtime
         rt.ledger.agreement = agreement(rt)  # before pin_costs: its decodes are not priced
         pin_costs(rt, cost_table(args.costs), clock)
         for idx, item in enumerate(items):
             for mode in modes:
-                _another_chat(rt)
-                clock[0] = 0.0
-                stats: GenerationStats | None = None
                 req = _request(item, mode, 0.0, None, remember=mode == modes[-1])
-                for out in generate(rt, req):
-                    if isinstance(out, GenerationStats):
-                        stats = out
-                assert stats is not None
-                rows.append(
-                    {
-                        "task": item.task,
-                        "prompt": idx,
-                        "mode": mode,
-                        "tokens": stats.completion_tokens,
-                        "ms": round(clock[0], 1),
-                        "reason": stats.reason,
-                    }
-                )
+                run = replace(run_priced(rt, req, clock), item=idx, mode=mode)
+                runs.append(run)
                 print(
-                    f"{item.task} #{idx + 1} {mode}: {stats.completion_tokens} tok, "
-                    f"{1000 * stats.completion_tokens / clock[0]:.1f} tok/s at {args.costs} costs",
+                    f"{item.task} #{idx + 1} {mode}: {run.stats.completion_tokens} tok, "
+                    f"{run.stats.tokens_per_s:.1f} tok/s at {args.costs} costs",
                     flush=True,
                 )
-                if args.why and mode == "auto":
-                    print(f"    {stats.reason}")
-    _table(rows, modes)
+                if args.why and mode == AUTO:
+                    print(f"    {run.stats.reason}")
+    rows = summarize(runs)
+    print(f"ms, tok/s and speedups priced at the {args.costs} costs")
+    print(render_table(rows))
     if args.json:
-        args.json.write_text(json.dumps({"costs": args.costs, "runs": rows}, indent=1))
-
-
-def _table(rows: list[dict[str, Any]], modes: list[str]) -> None:
-    """tok/s by task and mode (all answer tokens over all their priced time), with auto's
-    ratios to plain and to the best forced mode."""
-    tasks = [*dict.fromkeys(r["task"] for r in rows), "all"]
-    forced = [m for m in modes if m not in ("plain", "auto")]
-    print(f"{'task':<12}" + "".join(f"{m:>9}" for m in modes) + "  auto÷plain  auto÷best forced")
-    for task in tasks:
-        tps = {}
-        for mode in modes:
-            rs = [r for r in rows if r["mode"] == mode and task in ("all", r["task"])]
-            ms = sum(r["ms"] for r in rs)
-            tps[mode] = 1000 * sum(r["tokens"] for r in rs) / ms if ms else 0.0
-        line = f"{task:<12}" + "".join(f"{tps[m]:>9.1f}" for m in modes)
-        if "auto" in tps and tps.get("plain"):
-            line += f"  {tps['auto'] / tps['plain']:>10.2f}"
-            if forced:
-                line += f"  {tps['auto'] / max(tps[m] for m in forced):>15.2f}"
-        print(line)
+        report = {"costs": args.costs, "tasks": [r.to_dict() for r in rows]}
+        args.json.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
