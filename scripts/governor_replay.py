@@ -2,7 +2,7 @@
 """The governor's choices priced at fixed costs: a deterministic A/B of decision changes.
 
     .venv/bin/python scripts/governor_replay.py [--workload F] [--task T,…] [--modes plain,auto]
-        [--costs cpu|gpu|FILE.json] [--pair NAME] [--why] [--json OUT.json]
+        [--costs cpu|gpu|FILE.json] [--pair NAME] [--why] [--trace] [--json OUT.json]
 
 On a 2-core box one bench run's ratios swing by 10–20%: the machine's speed wanders, and the
 governor, which decides from the costs it measures, decides differently from run to run (one
@@ -39,9 +39,11 @@ import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before 
 
 # isort: split
 from homespec.bench import AUTO, Run, _another_chat, _request, render_table, summarize
+from homespec.engine import generate as loop
+from homespec.engine import governor, sampling
 from homespec.engine.calibration import agreement
 from homespec.engine.generate import PairRuntime, generate
-from homespec.engine.governor import CostCurve
+from homespec.engine.governor import Choice, CostCurve, Inputs
 from homespec.engine.llama_backend import LlamaContext
 from homespec.engine.loader import load_pair
 from homespec.engine.types import GenerationRequest, GenerationStats
@@ -101,6 +103,52 @@ def pin_costs(rt: PairRuntime, table: dict[str, dict[int, float]], clock: list[f
         ctx._decode = priced  # type: ignore[method-assign]
 
 
+class Tracer:
+    """One line per verify step of an answer: what the governor saw (lag: tokens the draft
+    model is behind; match: n-gram proposal length/match length; horizon: answer tokens still
+    expected), what it chose, and how many drafts were kept."""
+
+    def __init__(self, rt: PairRuntime, clock: list[float]) -> None:
+        self.rt, self.clock, self.last = rt, clock, 0.0
+        self.lines: list[str] = []
+        self.on = False
+        self._seen: tuple[Inputs, Choice] | None = None
+        choose, verify = governor.choose, sampling.verify  # what the loop calls
+
+        def spy_choose(inp: Inputs) -> Choice:
+            choice = choose(inp)
+            self._seen = (inp, choice)
+            return choice
+
+        def spy_verify(drafts: list[int], *args: object, **kw: object) -> tuple[int, int]:
+            kept, following = verify(drafts, *args, **kw)  # type: ignore[arg-type]  # as given
+            if self.on:
+                self._line(len(drafts), kept)
+            return kept, following
+
+        vars(loop).update(choose=spy_choose, verify=spy_verify)  # the loop's own names
+
+    def _line(self, proposed: int, kept: int) -> None:
+        seen, self._seen = self._seen, None
+        ms, self.last = self.clock[0] - self.last, self.clock[0]  # this step's drafting + verify
+        head = f"  {len(self.lines) + 1:3d} {ms:5.0f} ms"
+        if seen is None:
+            self.lines.append(f"{head} forced/plain kept {kept}/{proposed}")
+            return
+        inp, c = seen
+        acc = inp.acceptance["ngram"]
+        rates = " ".join(f"{acc.rate(i, acc.prior):.2f}" for i in range(4))
+        self.lines.append(
+            f"{head} {c.option:5s} k={c.k:<2d} kept {kept}/{proposed}"
+            f"  lag {inp.model_lag:3d} match {inp.ngram_match:2d}/{self.rt.ngram.match_len:<2d}"
+            f" [{rates}] hor {inp.horizon:3d} upk {inp.upkeep:4.1f} | {c.reason[:90]}"
+        )
+
+    def take(self) -> list[str]:
+        lines, self.lines, self.last = self.lines, [], 0.0
+        return lines
+
+
 def run_priced(rt: PairRuntime, req: GenerationRequest, clock: list[float]) -> Run:
     """One request as the bench runs it (bench._run_one), its e2e and ttft the priced time."""
     _another_chat(rt)
@@ -128,6 +176,7 @@ def main() -> None:
     ap.add_argument("--costs", default="cpu", help="cpu, gpu or a JSON file (see above)")
     ap.add_argument("--pair")
     ap.add_argument("--why", action="store_true", help="print each auto answer's reason")
+    ap.add_argument("--trace", action="store_true", help="print every step of each auto answer")
     ap.add_argument("--json", type=Path, help="write the table's rows here")
     args = ap.parse_args()
     items = load_workload(args.workload)
@@ -136,13 +185,17 @@ def main() -> None:
     modes = args.modes.split(",")
     clock = [0.0]
     runs: list[Run] = []
+    tracer: Tracer | None = None
     with load_pair(load_manifest(None), args.pair) as loaded:
         rt = loaded.runtime
         rt.ledger.agreement = agreement(rt)  # before pin_costs: its decodes are not priced
         pin_costs(rt, cost_table(args.costs), clock)
+        tracer = Tracer(rt, clock) if args.trace else None
         for idx, item in enumerate(items):
             for mode in modes:
                 req = _request(item, mode, 0.0, None, remember=mode == modes[-1])
+                if tracer is not None:
+                    tracer.on = mode == AUTO
                 run = replace(run_priced(rt, req, clock), item=idx, mode=mode)
                 runs.append(run)
                 print(
@@ -152,6 +205,8 @@ def main() -> None:
                 )
                 if args.why and mode == AUTO:
                     print(f"    {run.stats.reason}")
+                if tracer is not None:
+                    print("\n".join(tracer.take()))
     rows = summarize(runs)
     print(f"ms, tok/s and speedups priced at the {args.costs} costs")
     print(render_table(rows))
