@@ -123,12 +123,13 @@ def _governed(
     *,
     use_model: bool = True,
     horizon: int = 0,
-) -> tuple[str, Proposal, Choice, int]:
+) -> tuple[str, Proposal, Choice, int, list[int]]:
     """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
     up first: a match is known before the step), the draft model (when `use_model`), or none.
     A draft model hands its proposal over to n-gram lookup part-way where the governor says
     lookup's continuation is worth more than its own next drafts (`hand_over`). The last
-    value: how far behind the history the draft model was (0 unless it drafted)."""
+    values: how far behind the history the draft model was (0 unless it drafted), and what
+    lookup had to propose (whichever ran: see learn_unused_match)."""
     ledger = rt.ledger
     match = rt.ngram.propose(history, k, params, rng).tokens
     draft = rt.draft if use_model else None
@@ -147,7 +148,7 @@ def _governed(
     if choice.option == "ngram":
         if rt.ngram.from_memory:
             choice = replace(choice, reason=choice.reason + "; matched in an earlier request")
-        return "ngram", Proposal(match[: choice.k]), choice, 0
+        return "ngram", Proposal(match[: choice.k]), choice, 0, match
     if choice.option == "model" and draft is not None:
 
         def lookup(drafted: list[int]) -> tuple[list[int], int]:
@@ -161,8 +162,8 @@ def _governed(
 
         proposal = draft.propose(history, choice.k, params, rng, lag=lag, hand_over=lookup)
         ledger.observe_draft(draft.take_decodes())
-        return "model", proposal, choice, lag
-    return "none", Proposal([]), choice, 0
+        return "model", proposal, choice, lag, match
+    return "none", Proposal([]), choice, 0, match
 
 
 def _learn(
@@ -179,6 +180,26 @@ def _learn(
     if proposal.handed_over and kept >= own:
         table = ledger.acceptance(task, proposal.handover_match)
         table["ngram"].record(proposal.handed_over, kept - own)
+
+
+def learn_unused_match(
+    ledger: Ledger, task: str | None, match: list[int], committed: list[int], match_len: int
+) -> None:
+    """What lookup would have had kept, on a step that did not use its proposal (`match`,
+    known before the step): as far as the step's `committed` tokens show, free evidence.
+    Position i is known tried only where the first i - 1 agreed and the step committed an
+    i-th token. It is the same evidence as a verify step's: lookup's drafts are certain
+    (q = 1), so a draft is kept with the target's probability of it, which is the chance
+    that the target's own token is it (at temperature 0: a draft is kept when it is).
+
+    Without it, a match length whose first two tries failed was priced too low to be drafted
+    again, and stayed so while the answer copied a paragraph a token a step under a match
+    growing from 9 to 15 tokens: plain steps, each of which lookup would have got right."""
+    seen = min(len(match), len(committed))
+    agree = next((i for i in range(seen) if match[i] != committed[i]), seen)
+    if seen:
+        proposed = agree + 1 if agree < seen else seen
+        ledger.acceptance(task, match_len)["ngram"].record(proposed, agree)
 
 
 def generate(
@@ -280,10 +301,18 @@ def _steps(
         if adapter is not None:
             adapter.tick()
         source, proposal = "none", Proposal([])
+        match: list[int] = []
         if decision.drafter == "auto" and k > 0:
             horizon = ledger.horizon(req.task, stats.completion_tokens, room)
-            source, proposal, last, lag = _governed(
-                rt, req.task, history, k, params, rng, use_model=decision.use_model, horizon=horizon
+            source, proposal, last, lag, match = _governed(
+                rt,
+                req.task,
+                history,
+                k,
+                params,
+                rng,
+                use_model=decision.use_model,
+                horizon=horizon,
             )
             used[source] = used.get(source, 0) + 1
             if source == "model" and used[source] > 1:
@@ -308,6 +337,10 @@ def _steps(
                 _learn(ledger, req.task, source, proposal, n_kept, rt.ngram.match_len)
             if proposal.handed_over:
                 handovers += 1
+        if match and source != "ngram" and not proposal.handed_over and req.learn:
+            learn_unused_match(
+                ledger, req.task, match, [*drafts[:n_kept], following], rt.ngram.match_len
+            )
         emitted: list[Chunk] = []
         before = stats.completion_tokens
         for i, token in enumerate([*drafts[:n_kept], following]):
