@@ -297,3 +297,25 @@ def test_the_draft_models_later_catch_ups_are_a_cost_of_every_token_it_drafts() 
     # Caught up or not, the catch-ups still to come are the same cost.
     assert pick(5.0, lag=1).option == "none"
     assert pick(2.0, lag=1).speedup > pick(2.0).speedup  # only this catch-up is saved
+
+
+def test_a_catch_up_is_spread_over_the_part_of_the_answer_the_draft_model_serves() -> None:
+    """Where lookup commits most of a task's answers, the draft model serves the rest, and a
+    catch-up on the prompt buys only that: spread over the whole horizon, the demo draft
+    caught up on a paragraph rewrite's 89-token prompt for an estimated 1.12x plain, and the
+    answer ran 0.77x forced n-gram. The demo curves, no n-gram match this step, 200 tokens
+    expected."""
+    acc = {"ngram": Acceptance(), "model": seen(0.97)}
+
+    def pick(share: float, lag: int = 40) -> Choice:
+        inp = Inputs(DEMO_TARGET, 7.1, 0.01, acc, 0, 8, 1, "none", lag, {}, DEMO_DRAFT, 200)
+        return choose(replace(inp, lookup_share=share))
+
+    whole = pick(0.0)
+    assert whole.option == "model" and 1.0 < whole.speedup < 1.4  # spread over all 200
+    assert pick(0.3).speedup < whole.speedup  # over 140: a little dearer
+    refused = pick(0.9)  # over 20 tokens: it does not pay
+    assert refused.option == "none", refused
+    assert "draft model est 0." in refused.reason
+    # Caught up (a step's own 1-2 token lag), nothing is spread: lookup's share is no matter.
+    assert pick(0.9, lag=2).speedup == pytest.approx(pick(0.0, lag=2).speedup)

@@ -162,6 +162,22 @@ def test_a_later_catch_up_costs_what_the_draft_curve_says_beyond_a_steps_own_re_
     assert ledger.later_catch_up_ms(30) > ledger.later_catch_up_ms(8)
 
 
+def test_lookups_share_of_a_tasks_answers_is_a_moving_average() -> None:
+    """observe_lookup_share: the answer tokens n-gram steps committed over all of them,
+    long answers weighing more; per task, 0 unknown."""
+    ledger = Ledger()
+    assert ledger.lookup_share("rewrite") == 0.0
+    ledger.observe_lookup_share("rewrite", 0, 0)  # an answer of one token: nothing to learn
+    assert "rewrite" not in ledger.shares
+    ledger.observe_lookup_share("rewrite", 120, 160)
+    assert ledger.lookup_share("rewrite") == pytest.approx(0.75)
+    ledger.observe_lookup_share("rewrite", 0, 20)  # a short answer lookup had no part in
+    assert ledger.lookup_share("rewrite") == pytest.approx(84 / (112 + 6))
+    inp = ledger.inputs("rewrite", has_model=True, match=0, max_k=8)
+    assert inp.lookup_share == pytest.approx(ledger.lookup_share("rewrite"))
+    assert ledger.inputs("other", has_model=True, match=0, max_k=8).lookup_share == 0.0
+
+
 def test_a_match_the_step_did_not_use_is_learned_from_the_tokens_it_committed() -> None:
     """learn_unused_match: lookup's proposal is known before a step that did not use it;
     the tokens the step committed say how many of its drafts would have been kept, as far

@@ -295,6 +295,7 @@ def _steps(
     last: Choice | None = None
     drafted = 0  # answer tokens the draft model's steps committed
     later_ms = 0.0  # what its catch-ups after its first drafting cost (Ledger.observe_upkeep)
+    by_lookup = 0  # answer tokens n-gram steps committed (Ledger.observe_lookup_share)
     while not done:
         room = min(max_new - stats.completion_tokens, rt.target.n_ctx - len(history)) - 1
         k = step_tokens(decision, room=room, max_outputs=rt.target.n_outputs_max)
@@ -359,6 +360,8 @@ def _steps(
                 break
         if source == "model":
             drafted += stats.completion_tokens - before
+        elif source == "ngram":
+            by_lookup += stats.completion_tokens - before
         if emitted:
             yield emitted
 
@@ -377,6 +380,8 @@ def _steps(
         cut = stats.finish_reason == "length"
         ledger.observe_answer(req.task, stats.completion_tokens, cut=cut)
         ledger.observe_upkeep(req.task, later_ms, drafted)
+        if stats.completion_tokens > 1:  # the first token is the prompt's
+            ledger.observe_lookup_share(req.task, by_lookup, stats.completion_tokens - 1)
     if req.remember:
         rt.ngram.remember(history)
     tail = text.flush()

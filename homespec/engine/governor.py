@@ -235,6 +235,9 @@ class Inputs:
     # its steps committed (Ledger.observe_upkeep): n-gram steps and hand-overs leave it behind
     # again, and each time it catches up once more. A cost of every token it drafts.
     upkeep: float = 0.0
+    # The share of the task's answer tokens n-gram steps committed lately (0: unknown): the
+    # draft model serves the rest, and a catch-up is spread over that part of the horizon.
+    lookup_share: float = 0.0
 
 
 def catch_up_ms(inp: Inputs) -> float:
@@ -297,7 +300,11 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     if limit <= 0:
         return None
     prior = acc.prior
-    spread = float(inp.horizon)
+    # The draft model serves the horizon's tokens that lookup does not commit: a catch-up is
+    # spread over those. (Spread over the whole horizon, the demo draft caught up on the
+    # 89-token prompt of a paragraph rewrite, a task whose answers lookup had mostly
+    # committed, for an estimated 1.12x plain, and that answer ran 0.77x forced n-gram.)
+    spread = float(inp.horizon) * (1.0 - inp.lookup_share if option == "model" else 1.0)
     best: Estimate | None = None
     previous = 1.0
     lengths = expected_by_length(acc, prior, stretch)

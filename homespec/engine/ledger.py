@@ -57,6 +57,9 @@ class Ledger:
     # by task: moving averages of (ms of later catch-ups, tokens of draft-model steps) per
     # answer; see observe_upkeep
     upkeep: dict[str | None, tuple[float, float]] = field(default_factory=dict)
+    # by task: moving averages of (answer tokens committed by n-gram steps, answer tokens)
+    # per answer; see observe_lookup_share
+    shares: dict[str | None, tuple[float, float]] = field(default_factory=dict)
 
     def chose(self, option: Option) -> None:
         """Record a step's choice (for hysteresis and exploration)."""
@@ -173,6 +176,24 @@ class Ledger:
             value = (0.7 * old[0] + 0.3 * ms, 0.7 * old[1] + 0.3 * tokens)
         _keep_recent(self.upkeep, task, value)
 
+    def observe_lookup_share(self, task: str | None, by_lookup: int, tokens: int) -> None:
+        """One answer's `tokens`, `by_lookup` of them committed by n-gram steps: kept as
+        moving averages of both, so long answers weigh more (`lookup_share`)."""
+        if tokens <= 0:
+            return
+        old = self.shares.get(task)
+        value = (
+            (float(by_lookup), float(tokens))
+            if old is None
+            else (0.7 * old[0] + 0.3 * by_lookup, 0.7 * old[1] + 0.3 * tokens)
+        )
+        _keep_recent(self.shares, task, value)
+
+    def lookup_share(self, task: str | None) -> float:
+        """The share of the task's answer tokens n-gram lookup committed lately (0 unknown)."""
+        by_lookup, tokens = self.shares.get(task, (0.0, 0.0))
+        return by_lookup / tokens if tokens > 0 else 0.0
+
     def upkeep_ms(self, task: str | None) -> float:
         """The task's later catch-ups, in ms per answer token the draft model commits."""
         ms, tokens = self.upkeep.get(task, (0.0, 0.0))
@@ -272,7 +293,8 @@ class Ledger:
         match_len: int = 0,
         horizon: int = 0,
     ) -> Inputs:
-        """One step's view for `choose()` (the task's draft-model upkeep included)."""
+        """One step's view for `choose()` (the task's draft-model upkeep and lookup's share
+        of its answers included)."""
         draft_ms = self.draft_ms
         if has_model and draft_ms is None:  # not measured yet: a prior, until it drafts once
             draft_ms = (self.verify.at(1) or 0.0) * DRAFT_COST_PRIOR
@@ -290,6 +312,7 @@ class Ledger:
             self.draft if has_model else None,
             horizon,
             self.upkeep_ms(task),
+            self.lookup_share(task),
         )
 
 
