@@ -317,5 +317,7 @@ def test_a_catch_up_is_spread_over_the_part_of_the_answer_the_draft_model_serves
     refused = pick(0.9)  # over 20 tokens: it does not pay
     assert refused.option == "none", refused
     assert "draft model est 0." in refused.reason
+    assert "(catch-up spread over the 10% of the answer lookup leaves)" in refused.reason
+    assert "lookup leaves" not in whole.reason
     # Caught up (a step's own 1-2 token lag), nothing is spread: lookup's share is no matter.
     assert pick(0.9, lag=2).speedup == pytest.approx(pick(0.0, lag=2).speedup)

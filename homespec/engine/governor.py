@@ -429,10 +429,14 @@ def _trial(inp: Inputs, rival: float) -> Choice | None:
 
 
 def _upkeep(inp: Inputs, option: Option) -> str:
-    """The draft model's later catch-ups in a reason, where they were priced."""
-    if option != "model" or inp.upkeep < 0.05:
+    """The draft model's later catch-ups in a reason, where they were priced, and the share
+    of the answer a catch-up due now was spread over, where lookup takes part of it."""
+    if option != "model":
         return ""
-    return f" (later catch-ups {inp.upkeep:.1f} ms/token)"
+    out = f" (later catch-ups {inp.upkeep:.1f} ms/token)" if inp.upkeep >= 0.05 else ""
+    if inp.model_lag > RELAG and inp.horizon and inp.lookup_share >= 0.05:
+        out += f" (catch-up spread over the {1 - inp.lookup_share:.0%} of the answer lookup leaves)"
+    return out
 
 
 def _name(option: Option) -> str:
