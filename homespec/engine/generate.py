@@ -338,13 +338,12 @@ def _steps(
                 _learn(ledger, req.task, source, proposal, n_kept, rt.ngram.match_len)
             if proposal.handed_over:
                 handovers += 1
+        committed = [*drafts[:n_kept], following]
         if match and source != "ngram" and not proposal.handed_over and req.learn:
-            learn_unused_match(
-                ledger, req.task, match, [*drafts[:n_kept], following], rt.ngram.match_len
-            )
+            learn_unused_match(ledger, req.task, match, committed, rt.ngram.match_len)
         emitted: list[Chunk] = []
         before = stats.completion_tokens
-        for i, token in enumerate([*drafts[:n_kept], following]):
+        for i, token in enumerate(committed):
             kept = i < n_kept
             if kept:
                 stats.accepted_tokens += 1

@@ -281,7 +281,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     this one step. The catch-ups it will need later, where n-gram steps in between leave it
     behind again, are a cost per token it commits (`upkeep`, measured on the task)."""
     acc = inp.acceptance[option]
-    once = relag = upkeep = 0.0
+    once = relag = upkeep = share = 0.0
     if option == "ngram":
         limit, per_token, fixed = min(inp.ngram_match, inp.max_k), 0.0, inp.ngram_ms
         stretch = 1.0
@@ -295,6 +295,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
         once *= CATCH_UP_RISK if inp.horizon else 1.0
         relag = relag_ms(inp)
         upkeep = inp.upkeep
+        share = inp.lookup_share  # lookup commits that much of the horizon, not the model
         stretch = STRETCH
     limit = min(limit, acc.reach())
     if limit <= 0:
@@ -304,7 +305,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     # spread over those. (Spread over the whole horizon, the demo draft caught up on the
     # 89-token prompt of a paragraph rewrite, a task whose answers lookup had mostly
     # committed, for an estimated 1.12x plain, and that answer ran 0.77x forced n-gram.)
-    spread = float(inp.horizon) * (1.0 - inp.lookup_share if option == "model" else 1.0)
+    spread = inp.horizon * (1.0 - share)
     best: Estimate | None = None
     previous = 1.0
     lengths = expected_by_length(acc, prior, stretch)
@@ -343,7 +344,7 @@ def choose(inp: Inputs) -> Choice:
 
     def others(chosen: Option) -> str:
         rest = [
-            f"{_name(e.option)} est {e.tokens_per_ms / plain:.2f}×{_upkeep(inp, e.option)}"
+            f"{_name(e.option)} est {e.tokens_per_ms / plain:.2f}×{_catch_ups(inp, e.option)}"
             for e in options
             if e.option != chosen
         ]
@@ -377,7 +378,7 @@ def choose(inp: Inputs) -> Choice:
         f"governor: {_name(best.option)}, {best.k} tokens/step, est "
         f"{best.tokens_per_ms / plain:.2f}× plain (accept {best.first_rate:.2f} at pos 1)"
         + behind
-        + _upkeep(inp, best.option)
+        + _catch_ups(inp, best.option)
         + others(best.option)
     )
     return Choice(best.option, best.k, best.tokens_per_ms / plain, why)
@@ -428,7 +429,7 @@ def _trial(inp: Inputs, rival: float) -> Choice | None:
     return Choice("model", k, caught_up.tokens_per_ms * plain_cost, why)
 
 
-def _upkeep(inp: Inputs, option: Option) -> str:
+def _catch_ups(inp: Inputs, option: Option) -> str:
     """The draft model's later catch-ups in a reason, where they were priced, and the share
     of the answer a catch-up due now was spread over, where lookup takes part of it."""
     if option != "model":

@@ -170,10 +170,8 @@ class Ledger:
             if old is None:
                 return
             value = (old[0] * UPKEEP_FADE, old[1])
-        elif old is None:
-            value = (ms, float(tokens))
         else:
-            value = (0.7 * old[0] + 0.3 * ms, 0.7 * old[1] + 0.3 * tokens)
+            value = _blend(old, (ms, float(tokens)))
         _keep_recent(self.upkeep, task, value)
 
     def observe_lookup_share(self, task: str | None, by_lookup: int, tokens: int) -> None:
@@ -181,12 +179,7 @@ class Ledger:
         moving averages of both, so long answers weigh more (`lookup_share`)."""
         if tokens <= 0:
             return
-        old = self.shares.get(task)
-        value = (
-            (float(by_lookup), float(tokens))
-            if old is None
-            else (0.7 * old[0] + 0.3 * by_lookup, 0.7 * old[1] + 0.3 * tokens)
-        )
+        value = _blend(self.shares.get(task), (float(by_lookup), float(tokens)))
         _keep_recent(self.shares, task, value)
 
     def lookup_share(self, task: str | None) -> float:
@@ -314,6 +307,13 @@ class Ledger:
             self.upkeep_ms(task),
             self.lookup_share(task),
         )
+
+
+def _blend(old: tuple[float, float] | None, new: tuple[float, float]) -> tuple[float, float]:
+    """A per-answer pair of counts folded into its moving averages (`new` at first)."""
+    if old is None:
+        return new
+    return (0.7 * old[0] + 0.3 * new[0], 0.7 * old[1] + 0.3 * new[1])
 
 
 def _keep_recent(table: dict[str | None, V], task: str | None, value: V) -> None:
