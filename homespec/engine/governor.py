@@ -166,10 +166,11 @@ class Acceptance:
         """How long a draft may be on the evidence: REACH_GROWTH × the deepest position tried
         at least once lately (MIN_REACH before that). Draft lengths grow by doubling as long
         drafts keep being kept, like a congestion window, never straight to 64 on faith."""
-        deepest = next(
-            (i + 1 for i in range(MAX_K - 1, -1, -1) if self.tries[i] + self.seed_tries[i] >= 1),
-            0,
-        )
+        tries, seed, deepest = self.tries, self.seed_tries, 0
+        for i in range(MAX_K - 1, -1, -1):
+            if tries[i] + seed[i] >= 1:
+                deepest = i + 1
+                break
         return max(MIN_REACH, REACH_GROWTH * deepest)
 
 
