@@ -81,6 +81,7 @@ def pin_costs(rt: PairRuntime, table: dict[str, dict[int, float]], clock: list[f
         curve.observe = lambda n, ms: None  # type: ignore[method-assign]
     rt.ledger.verify = rt.ledger.quiet = verify
     rt.ledger.draft = draft
+    rt.ledger.observe_verify = lambda n, ms: None  # type: ignore[method-assign]  # no drift
     rt.threads = None
     contexts = [(rt.target, verify)]
     if rt.draft is not None:

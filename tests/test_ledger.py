@@ -7,7 +7,16 @@ import json
 
 import pytest
 
-from homespec.engine.governor import MAX_K, PRIOR, STRETCH, Acceptance, expected_by_length
+from homespec.engine.governor import (
+    MAX_K,
+    PRIOR,
+    STRETCH,
+    Acceptance,
+    Choice,
+    CostCurve,
+    choose,
+    expected_by_length,
+)
 from homespec.engine.ledger import (
     AGREEMENT_MAX,
     AGREEMENT_MIN,
@@ -15,6 +24,8 @@ from homespec.engine.ledger import (
     MAX_TASKS,
     Ledger,
 )
+
+from .governor_cases import curve
 
 # --- what is kept across restarts -----------------------------------------------------------
 
@@ -197,3 +208,40 @@ def test_a_match_the_step_did_not_use_is_learned_from_the_tokens_it_committed() 
     assert acc.rate(0, acc.prior) < before
     learn_unused_match(ledger, "rewrite", [], [5], 9)  # no match: nothing
     assert ledger.acceptance("rewrite", 2)["ngram"].tries[0] == 0.0  # other buckets untouched
+
+
+def test_a_draft_model_priced_out_in_a_busy_spell_is_priced_back_in_after_it() -> None:
+    """The draft model's costs are measured only while it drafts, the target's at every step.
+    Measured while a neighbour doubled every decode, the draft model stops paying and is no
+    longer used; once the target's steps run at their quiet cost again, the draft model's
+    cost is taken to have come back with them (Ledger.slowdown), and it is chosen again. As
+    measured, it would have stayed priced out for the daemon's lifetime."""
+    quiet = curve(20.0, 2.0)
+    ledger = Ledger(verify=CostCurve(dict(quiet.points)), quiet=quiet)
+    ledger.observe_draft([(1, 7.0), (2, 14.0), (8, 42.0)])  # at load: as quiet as the target
+    for i in range(200):  # it drafts well on this task
+        ledger.acceptance("code")["model"].record(6, 6 if i % 4 else 3)
+
+    def choice() -> Choice:
+        return choose(ledger.inputs("code", has_model=True, match=0, max_k=8, model_lag=1))
+
+    assert choice().option == "model"
+    for _ in range(40):  # the busy spell: every decode takes twice as long
+        ledger.observe_verify(7, 2 * (quiet.at(7) or 0.0))
+        ledger.observe_draft([(1, 14.0), (2, 28.0)])
+    assert ledger.slowdown == pytest.approx(2.0, rel=0.01)
+    assert choice().option == "none"  # priced out
+    for _ in range(40):  # the neighbour has gone: plain steps at the quiet cost
+        ledger.observe_verify(1, quiet.at(1) or 0.0)
+    assert ledger.slowdown == pytest.approx(1.0, rel=0.01)
+    assert ledger.inputs("code", has_model=True, match=0, max_k=8).draft_ms == pytest.approx(
+        7.0, rel=0.02
+    )
+    back = choice()
+    assert back.option == "model" and back.speedup > 1.3
+    assert ledger.draft_ms == pytest.approx(14.0, rel=0.01)  # what was measured stays shown
+    # Without a calibration to measure a slowdown against, costs are taken as measured.
+    plain = Ledger(verify=CostCurve({1: 20.0}))
+    plain.observe_draft([(1, 7.0)])
+    plain.observe_verify(1, 60.0)
+    assert plain.slowdown == 1.0 and plain.draft_curve() is plain.draft

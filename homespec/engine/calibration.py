@@ -100,10 +100,11 @@ def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) ->
     base = filler * 32
     for n, ms in _costs(rt.target, base, filler, sizes, n_logits=True).items():
         rt.ledger.verify.observe(n, ms)
+    rt.ledger.quiet = CostCurve(dict(rt.ledger.verify.points))
+    rt.ledger.slowdown = 1.0  # as fast as the quiet curve, by definition
     if rt.draft is not None:
         rt.ledger.observe_draft(list(_costs(rt.draft.ctx, base, filler, (1, 8, 32), False).items()))
         rt.ledger.agreement = agreement(rt)
-    rt.ledger.quiet = CostCurve(dict(rt.ledger.verify.points))
     LOG.info(
         "pair %s: decode cost (ms) by tokens %s; draft %s ms/token, agrees with the target "
         "on %s of next tokens",

@@ -326,7 +326,7 @@ def _steps(
         t0 = time.perf_counter()
         logits = rt.target.extend(history + drafts, len(drafts) + 1)
         ms = (time.perf_counter() - t0) * 1000.0
-        ledger.verify.observe(len(drafts) + 1, ms)
+        ledger.observe_verify(len(drafts) + 1, ms)
         if adapter is not None:
             adapter.observe(len(drafts) + 1, ms)
         stats.verify_steps += 1

@@ -30,6 +30,12 @@ HORIZON_UNKNOWN = 64  # answer tokens expected of a task never seen, on a pair t
 SEED_WEIGHT = 4.0  # observations at position 2 that a new task's seed weighs (Ledger._new)
 UPKEEP_FADE = 0.8  # see observe_upkeep
 UNKNOWN_WAIT = 8  # answer tokens such a task's answer runs before a catch-up is spent on it
+SLOWDOWN_ALPHA = 0.2  # weight of one target decode in Ledger.slowdown
+# The machine's slowdown moved less than this factor since the draft model's costs were measured:
+# they stand as measured. (The curve's shape drifts too: on a 2-core VM one-token decodes went
+# from 14 to 10 ms between runs while 8-token ones went from 27 to 33, so `slowdown` wanders by a
+# quarter with the mix of step sizes; a neighbour taking the CPU doubles it.)
+DRIFT_BAND = 1.4
 AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, within these
 MAX_TASKS = 64  # task names are the client's: a bounded table
 V = TypeVar("V")
@@ -60,6 +66,11 @@ class Ledger:
     # by task: moving averages of (answer tokens committed by n-gram steps, answer tokens)
     # per answer; see observe_lookup_share
     shares: dict[str | None, tuple[float, float]] = field(default_factory=dict)
+    # The target's recent decodes' cost over the calibration's at their size (1: as quiet
+    # as at load, 2: half as fast; see observe_verify), and what it was when the draft
+    # model's costs were last measured (None: never; see draft_curve)
+    slowdown: float = 1.0
+    draft_ref: float | None = None
 
     def chose(self, option: Option) -> None:
         """Record a step's choice (for hysteresis and exploration)."""
@@ -143,10 +154,11 @@ class Ledger:
 
     def later_catch_up_ms(self, lag: int) -> float:
         """What a catch-up on `lag` tokens costs the draft model beyond every step's own
-        2-token re-decode (relag_ms, priced per step), by its measured cost curve."""
+        2-token re-decode (relag_ms, priced per step), by its cost curve (draft_curve)."""
         if lag <= RELAG:
             return 0.0
-        two, now = self.draft.at(2), self.draft.at(lag)
+        curve = self.draft_curve()
+        two, now = curve.at(2), curve.at(lag)
         return 0.0 if two is None or now is None else max(0.0, now - two)
 
     def observe_upkeep(self, task: str | None, ms: float, tokens: int) -> None:
@@ -267,13 +279,36 @@ class Ledger:
 
     @property
     def draft_ms(self) -> float | None:
-        """One draft-model token's cost (None: never measured)."""
+        """One draft-model token's cost as last measured (None: never measured)."""
         return self.draft.at(1)
 
     def observe_draft(self, decodes: list[tuple[int, float]]) -> None:
         """The draft model's decodes of one proposal: (tokens in it, ms)."""
         for n, ms in decodes:
             self.draft.observe(n, ms)
+        if decodes:
+            self.draft_ref = self.slowdown
+
+    def observe_verify(self, n: int, ms: float) -> None:
+        """One target decode of n tokens that took `ms`: the cost curve, and how fast the
+        machine runs now against the calibration's quiet cost at that size (`slowdown`)."""
+        self.verify.observe(n, ms)
+        quiet = self.quiet.at(n)
+        if quiet:
+            self.slowdown = (1 - SLOWDOWN_ALPHA) * self.slowdown + SLOWDOWN_ALPHA * ms / quiet
+
+    def draft_curve(self) -> CostCurve:
+        """The draft model's costs as they are likely now: as last measured, scaled by how
+        far the machine's slowdown has moved since (`slowdown` over `draft_ref`). The draft model's
+        costs are measured only while it drafts, the target's at every step: measured while
+        a neighbour held the CPU and never again, a draft model priced out then stayed priced
+        out after the neighbour left, as nothing re-measured it (its re-tries wait for it to
+        be nearly caught up, which an unused one never is)."""
+        then = self.draft_ref
+        drift = self.slowdown / then if then else 1.0
+        if 1 / DRIFT_BAND < drift < DRIFT_BAND:
+            return self.draft
+        return CostCurve({n: ms * drift for n, ms in self.draft.points.items()}, self.draft.slope)
 
     def inputs(
         self,
@@ -288,7 +323,8 @@ class Ledger:
     ) -> Inputs:
         """One step's view for `choose()` (the task's draft-model upkeep and lookup's share
         of its answers included)."""
-        draft_ms = self.draft_ms
+        curve = self.draft_curve() if has_model else None
+        draft_ms = curve.at(1) if curve is not None else None
         if has_model and draft_ms is None:  # not measured yet: a prior, until it drafts once
             draft_ms = (self.verify.at(1) or 0.0) * DRAFT_COST_PRIOR
         return Inputs(
@@ -302,7 +338,7 @@ class Ledger:
             self.current,
             model_lag,
             dict(self.last_used),
-            self.draft if has_model else None,
+            curve,
             horizon,
             self.upkeep_ms(task),
             self.lookup_share(task),
