@@ -25,7 +25,7 @@ from homespec.engine.ledger import (
     Ledger,
 )
 
-from .governor_cases import curve
+from .governor_cases import curve, seen
 
 # --- what is kept across restarts -----------------------------------------------------------
 
@@ -245,3 +245,28 @@ def test_a_draft_model_priced_out_in_a_busy_spell_is_priced_back_in_after_it() -
     plain.observe_draft([(1, 7.0)])
     plain.observe_verify(1, 60.0)
     assert plain.slowdown == 1.0 and plain.draft_curve() is plain.draft
+
+
+def test_long_verifies_measured_in_a_busy_spell_are_priced_as_quiet_after_it() -> None:
+    """One-token decodes are measured at every plain step, long verifies only while drafts
+    run long: those measured beside a busy neighbour are scaled back with the machine's
+    slowdown once it has gone, and a copy task drafts as long as before the spell."""
+    quiet = curve(20.0, 2.0)
+    ledger = Ledger(verify=CostCurve(dict(quiet.points)), quiet=quiet)
+    ledger.by_task["copy"] = {"ngram@32": seen(0.97)}
+
+    def choice() -> Choice:
+        return choose(ledger.inputs("copy", has_model=False, match=64, max_k=64, match_len=40))
+
+    before = choice()
+    assert before.option == "ngram" and before.k > 16
+    for _ in range(40):  # the busy spell: long verifies take twice as long
+        for n in (9, 17, 33):
+            ledger.observe_verify(n, 2 * (quiet.at(n) or 0.0))
+    assert choice().k < before.k
+    for _ in range(40):  # the neighbour has gone: plain steps at the quiet cost
+        ledger.observe_verify(1, quiet.at(1) or 0.0)
+    now = ledger.inputs("copy", has_model=False, match=64, max_k=64, match_len=40).verify
+    assert now.at(33) == pytest.approx(quiet.at(33), rel=0.02)
+    assert ledger.verify.at(33) == pytest.approx(2 * (quiet.at(33) or 0.0), rel=0.02)
+    assert choice().k == before.k

@@ -35,7 +35,7 @@ SLOWDOWN_ALPHA = 0.2  # weight of one target decode in Ledger.slowdown
 # they stand as measured. (The curve's shape drifts too: on a 2-core VM one-token decodes went
 # from 14 to 10 ms between runs while 8-token ones went from 27 to 33, so `slowdown` wanders by a
 # quarter with the mix of step sizes; a neighbour taking the CPU doubles it.)
-DRIFT_BAND = 1.4
+DRIFT_BAND = 1.5
 AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, within these
 MAX_TASKS = 64  # task names are the client's: a bounded table
 V = TypeVar("V")
@@ -71,6 +71,7 @@ class Ledger:
     # model's costs were last measured (None: never; see draft_curve)
     slowdown: float = 1.0
     draft_ref: float | None = None
+    verify_ref: dict[int, float] = field(default_factory=dict)  # the same, by verify size
 
     def chose(self, option: Option) -> None:
         """Record a step's choice (for hysteresis and exploration)."""
@@ -296,6 +297,23 @@ class Ledger:
         quiet = self.quiet.at(n)
         if quiet:
             self.slowdown = (1 - SLOWDOWN_ALPHA) * self.slowdown + SLOWDOWN_ALPHA * ms / quiet
+            self.verify_ref[n] = self.slowdown
+
+    def verify_curve(self) -> CostCurve:
+        """The target's costs as they are likely now: each size as last measured, scaled by
+        how far the machine's slowdown has moved since it was (like draft_curve). One-token
+        decodes are measured at every plain step, long verifies only while drafts run long:
+        measured beside a busy neighbour, the long sizes priced long drafts out after it had
+        gone, and nothing measured them again."""
+        moved = {
+            n: self.slowdown / then
+            for n, then in self.verify_ref.items()
+            if not 1 / DRIFT_BAND < self.slowdown / then < DRIFT_BAND
+        }
+        if not moved:
+            return self.verify
+        points = {n: ms * moved.get(n, 1.0) for n, ms in self.verify.points.items()}
+        return CostCurve(points, self.verify.slope)
 
     def draft_curve(self) -> CostCurve:
         """The draft model's costs as they are likely now: as last measured, scaled by how
@@ -328,7 +346,7 @@ class Ledger:
         if has_model and draft_ms is None:  # not measured yet: a prior, until it drafts once
             draft_ms = (self.verify.at(1) or 0.0) * DRAFT_COST_PRIOR
         return Inputs(
-            self.verify,
+            self.verify_curve(),
             draft_ms if has_model else None,
             self.ngram_ms,
             self.acceptance(task, match_len),
