@@ -38,6 +38,10 @@ def test_calibration_sets_costs_and_the_draft_models_prior_and_leaves_the_caches
     assert rt.ledger.acceptance("new")["model"].prior == 0.75
     assert rt.ledger.verify.at(1) is not None and rt.ledger.draft_ms is not None
     assert rt.target.tokens == [] and rt.draft is not None and rt.draft.ctx.tokens == []
+    # Every cost measured now is the quiet one the machine's slowdown is measured against.
+    assert rt.ledger.quiet.points == rt.ledger.verify.points
+    assert rt.ledger.slowdown == rt.ledger.draft_ref == 1.0
+    assert rt.ledger.verify_ref == dict.fromkeys(rt.ledger.verify.points, 1.0)
 
 
 def test_a_pair_without_a_draft_model_measures_no_agreement() -> None:

@@ -102,6 +102,7 @@ def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) ->
         rt.ledger.verify.observe(n, ms)
     rt.ledger.quiet = CostCurve(dict(rt.ledger.verify.points))
     rt.ledger.slowdown = 1.0  # as fast as the quiet curve, by definition
+    rt.ledger.verify_ref = dict.fromkeys(rt.ledger.verify.points, 1.0)
     if rt.draft is not None:
         rt.ledger.observe_draft(list(_costs(rt.draft.ctx, base, filler, (1, 8, 32), False).items()))
         rt.ledger.agreement = agreement(rt)
