@@ -31,8 +31,8 @@ SEED_WEIGHT = 4.0  # observations at position 2 that a new task's seed weighs (L
 UPKEEP_FADE = 0.8  # see observe_upkeep
 UNKNOWN_WAIT = 8  # answer tokens such a task's answer runs before a catch-up is spent on it
 SLOWDOWN_ALPHA = 0.2  # weight of one target decode in Ledger.slowdown
-# The machine's slowdown moved less than this factor since the draft model's costs were measured:
-# they stand as measured. (The curve's shape drifts too: on a 2-core VM one-token decodes went
+# The machine's slowdown moved less than this factor since a cost was measured: it stands as
+# measured (Ledger._drift). (The curve's shape drifts too: on a 2-core VM one-token decodes went
 # from 14 to 10 ms between runs while 8-token ones went from 27 to 33, so `slowdown` wanders by a
 # quarter with the mix of step sizes; a neighbour taking the CPU doubles it.)
 DRIFT_BAND = 1.5
@@ -305,11 +305,9 @@ class Ledger:
         decodes are measured at every plain step, long verifies only while drafts run long:
         measured beside a busy neighbour, the long sizes priced long drafts out after it had
         gone, and nothing measured them again."""
-        moved = {
-            n: self.slowdown / then
-            for n, then in self.verify_ref.items()
-            if not 1 / DRIFT_BAND < self.slowdown / then < DRIFT_BAND
-        }
+        # _drift's band, as bounds on `then`: every step, over up to MAX_K sizes
+        low, high = self.slowdown / DRIFT_BAND, self.slowdown * DRIFT_BAND
+        moved = {n: self.slowdown / t for n, t in self.verify_ref.items() if not low < t < high}
         if not moved:
             return self.verify
         points = {n: ms * moved.get(n, 1.0) for n, ms in self.verify.points.items()}
@@ -322,11 +320,16 @@ class Ledger:
         a neighbour held the CPU and never again, a draft model priced out then stayed priced
         out after the neighbour left, as nothing re-measured it (its re-tries wait for it to
         be nearly caught up, which an unused one never is)."""
-        then = self.draft_ref
-        drift = self.slowdown / then if then else 1.0
-        if 1 / DRIFT_BAND < drift < DRIFT_BAND:
+        drift = self._drift(self.draft_ref)
+        if drift == 1.0:
             return self.draft
         return CostCurve({n: ms * drift for n, ms in self.draft.points.items()}, self.draft.slope)
+
+    def _drift(self, then: float | None) -> float:
+        """What a cost measured at slowdown `then` is scaled by now: the slowdown's move since,
+        or 1 within DRIFT_BAND (and where nothing was measured)."""
+        drift = self.slowdown / then if then else 1.0
+        return 1.0 if 1 / DRIFT_BAND < drift < DRIFT_BAND else drift
 
     def inputs(
         self,
