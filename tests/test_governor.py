@@ -8,6 +8,7 @@ import pytest
 
 from homespec.engine.governor import (
     EXPLORE_EVERY,
+    EXPLORE_K,
     MATCH_PRIORS,
     PRIOR,
     Acceptance,
@@ -53,16 +54,29 @@ def test_collapsing_acceptance_turns_speculation_off_and_a_recovery_turns_it_bac
     assert step() == "ngram"
     for _ in range(600):  # the prompt stops repeating: drafts are rejected at once
         acc.record(4, 0)
-    chosen = [step() for _ in range(EXPLORE_EVERY)]
-    assert chosen.count("none") >= EXPLORE_EVERY - 1  # off, but for at most one bounded re-try
-    # The re-tries (3-token drafts every EXPLORE_EVERY steps) start being kept: it turns back on.
-    for _ in range(40):
-        for _ in range(EXPLORE_EVERY):
-            c = choose(ledger.inputs(None, has_model=False, match=64, max_k=64))
-            ledger.chose(c.option)
-            if c.option == "ngram":
-                acc.record(c.k, c.k)
+    assert [step() for _ in range(4 * EXPLORE_EVERY)] == ["none"] * (4 * EXPLORE_EVERY)
+    # Lookup's proposals start being right: the plain steps that did not use them learn so
+    # (generate.learn_unused_match records one position per step), and it turns back on.
+    for _ in range(200):
+        if step() == "ngram":
+            break
+        acc.record(1, 1)
     assert step() == "ngram"
+
+
+def test_n_gram_lookup_is_never_re_tried_while_the_draft_model_is() -> None:
+    """Lookup is measured for free on every step that has a match (learn_unused_match), so a
+    re-try would only pay a verify for it; a draft model left unused is measured only by one."""
+    ledger = Ledger(verify=curve(10.0, 2.0))
+    ledger.draft = CostCurve({1: 6.0, 2: 12.0})
+    ledger.by_task[None] = {"ngram@2": seen(0.1), "model": seen(0.3)}
+    chosen = []
+    for _ in range(3 * EXPLORE_EVERY):
+        c = choose(ledger.inputs(None, has_model=True, match=8, max_k=16, model_lag=1))
+        ledger.chose(c.option)
+        chosen.append((c.option, c.k))
+    assert "ngram" not in {o for o, _ in chosen}
+    assert chosen.count(("model", EXPLORE_K)) == 2  # after EXPLORE_EVERY steps unused, each time
 
 
 def test_no_match_means_no_n_gram_option_and_nothing_measured_means_plain() -> None:

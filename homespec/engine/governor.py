@@ -14,8 +14,10 @@ no drafting, n-gram lookup (only when the history has a match: that is known bef
 or the draft model, each at its best k. A flat cost curve (a GPU verifies 64 tokens for about
 the price of one) gives long drafts; a steep one (a CPU) short ones; a draft model as costly as
 the target is never worth it; acceptance that collapses turns speculation off. Now and then it
-re-tries an option it is not using, with a short draft (bounded exploration), so a drafter that
-starts paying is noticed; it switches only for a clear gain (hysteresis).
+re-tries the draft model when it is not using it, with a short draft (bounded exploration), so
+a draft model that starts paying is noticed; n-gram lookup needs no re-tries, as every step
+that has a match but does not use it measures it for free (generate.learn_unused_match). It
+switches only for a clear gain (hysteresis).
 
 Exactness: a step's choice depends only on the history so far and these statistics, never on
 that step's random draws, so greedy output stays the target's own and sampling keeps the
@@ -34,7 +36,7 @@ Option = Literal["none", "ngram", "model"]
 MAX_K = 64
 PRIOR = 0.6  # draft-model acceptance before anything was measured (n-grams: MATCH_PRIORS)
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior
-EXPLORE_EVERY = 32  # steps after an option's last use before it is re-tried
+EXPLORE_EVERY = 32  # steps after the draft model's last use before it is re-tried
 EXPLORE_K = 3
 EXPLORE_MAX_LAG = 8  # tokens a draft model may lag behind and still be explored
 # A task's trial of the draft model: a draft model behind the prompt is priced on a prior until
@@ -354,20 +356,30 @@ def choose(inp: Inputs) -> Choice:
     trial = _trial(inp, max(plain, best.tokens_per_ms if best else plain))
     if trial is not None:
         return trial
-    # Re-try, briefly, an option unused for EXPLORE_EVERY steps (not a draft model that would
-    # first have to catch up on a long stretch): the first step it can run, the oldest first.
-    idle = [
-        e
-        for e in options
-        if (best is None or e.option != best.option)
-        and inp.step - inp.last_used.get(e.option, 0) >= EXPLORE_EVERY
-        and not (e.option == "model" and inp.model_lag > EXPLORE_MAX_LAG)
-    ]
-    if idle:
-        e = min(idle, key=lambda e: inp.last_used.get(e.option, 0))
-        k = min(EXPLORE_K, e.k if e.option == "ngram" else EXPLORE_K)
-        why = f"governor: exploring {_name(e.option)} ({k} tokens)"
-        return Choice(e.option, k, e.tokens_per_ms / plain, why)
+    # Re-try, briefly, a draft model unused for EXPLORE_EVERY steps (not one that would first
+    # have to catch up on a long stretch). Never n-gram lookup: a step that has a match and does
+    # not use it learns what lookup would have had kept, at no cost (learn_unused_match), where
+    # a re-try paid a verify of its drafts: a 1-token re-try cost 16 ms against a 10 ms plain
+    # step here, every 32 steps of a story whose matches were nearly always wrong.
+    idle = next(
+        (
+            e
+            for e in options
+            if e.option == "model"
+            and (best is None or best.option != "model")
+            and inp.step - inp.last_used.get("model", 0) >= EXPLORE_EVERY
+            and inp.model_lag <= EXPLORE_MAX_LAG
+        ),
+        None,
+    )
+    if idle is not None:
+        k = min(EXPLORE_K, inp.max_k)
+        return Choice(
+            "model",
+            k,
+            idle.tokens_per_ms / plain,
+            f"governor: exploring the draft model ({k} tokens)",
+        )
     if best is None:
         return Choice("none", 0, 1.0, "governor: plain, drafting would not pay" + others("none"))
     behind = (
