@@ -309,6 +309,16 @@ def test_stop_string_and_finish_reasons(demo_pair: LoadedPair) -> None:
     assert stats.finish_reason == "stop" and stats.completion_tokens < 200
 
 
+def test_lookup_agrees_no_further_back_than_a_chat_answers_start(demo_pair: LoadedPair) -> None:
+    """In a chat, what precedes the answer is the template's role header, the same before
+    every answer (NgramDrafter.reset); a raw prompt is continued, so its end counts."""
+    rt = demo_pair.runtime
+    _, stats, _ = run(rt, messages=chat("Say yes."), max_tokens=4)
+    assert rt.ngram.answer_start == stats.prompt_tokens
+    _, stats, _ = run(rt, prompt="one two three four one two three", max_tokens=4)
+    assert rt.ngram.answer_start == 0
+
+
 def test_plain_runs_always_say_why(demo_pair: LoadedPair) -> None:
     def why(stats: GenerationStats) -> str:
         """The decision's reason, without a note on threads (a busy machine adds one)."""

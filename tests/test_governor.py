@@ -72,7 +72,7 @@ def test_n_gram_lookup_is_never_re_tried_while_the_draft_model_is() -> None:
     ledger.by_task[None] = {"ngram@2": seen(0.1), "model": seen(0.3)}
     chosen = []
     for _ in range(3 * EXPLORE_EVERY):
-        c = choose(ledger.inputs(None, has_model=True, match=8, max_k=16, model_lag=1))
+        c = choose(ledger.inputs(None, has_model=True, match=8, max_k=16, model_lag=1, match_len=2))
         ledger.chose(c.option)
         chosen.append((c.option, c.k))
     assert "ngram" not in {o for o, _ in chosen}
@@ -224,3 +224,21 @@ def test_a_draft_model_hands_over_to_lookup_where_lookup_is_worth_more() -> None
     assert taken(seen(0.9), match=3) == 3  # all there is
     assert taken(seen(0.1), match=20) == 0
     assert taken(seen(0.9), match=0) == 0  # nothing found
+
+
+def test_an_answers_first_token_is_looked_up_where_verifying_is_cheap_only() -> None:
+    """A match that starts a chat's answer (bucket 1) is how an earlier answer went on after
+    the same first word: a bet where verifying 2 tokens costs 1.5 plain steps, worth it where
+    it costs about one."""
+    for one, extra, drafts in ((10.0, 5.0, False), (1.2, 0.02, True)):
+        ledger = Ledger(verify=curve(one, extra))
+        inp = ledger.inputs("chat", has_model=False, match=5, max_k=8, match_len=1)
+        assert inp.acceptance["ngram"].prior == MATCH_PRIORS[1]
+        assert (choose(inp).option == "ngram") is drafts
+    # Measured kept (for free on the steps that do not use it), it is drafted on a CPU too.
+    ledger = Ledger(verify=curve(10.0, 5.0))
+    ledger.by_task["chat"] = {"ngram@1": seen(0.95)}
+    assert (
+        choose(ledger.inputs("chat", has_model=False, match=5, max_k=8, match_len=1)).option
+        == "ngram"
+    )

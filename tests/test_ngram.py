@@ -149,3 +149,32 @@ def test_the_memory_measures_agreement_back_to_the_last_control_token_only() -> 
     # The 4-gram key itself holds the marker: one token after it agrees.
     assert d.propose([3, 2, end, start, 30], 2, GREEDY, RNG).tokens == [31, 40]
     assert d.match_len == 1
+
+
+def test_a_chat_answers_first_token_agrees_only_as_far_as_the_answer() -> None:
+    """What precedes an answer is the template's role header ("assistant", a newline), the
+    same before every answer: agreeing on it says nothing about how this answer goes on."""
+    start, end = 900, 901
+    header = [start, 70, 71]  # <|im_start|> assistant \n
+    earlier = [5, end, *header, 30, 40, 41, 42, end]  # an earlier answer that began with 30
+    prompt = [6, end, *header]
+    d = NgramDrafter(n_min=2, n_max=4, memory_tokens=100, boundaries=frozenset({start, end}))
+    d.remember(earlier)
+    d.reset()
+    assert d.propose([*prompt, 30], 3, GREEDY, RNG).tokens == [40, 41, 42]
+    assert d.match_len == 3  # 70, 71, 30: the header counted
+    d.reset()
+    d.answer_start = len(prompt)
+    assert d.propose([*prompt, 30], 3, GREEDY, RNG).tokens == [40, 41, 42]
+    assert d.match_len == 1  # 30 alone
+    # Within the answer it counts as before: here the answer's 3 tokens.
+    assert d.propose([*prompt, 30, 40, 41], 1, GREEDY, RNG).tokens == [42]
+    assert d.match_len == 3
+
+
+def test_a_raw_prompts_answer_agrees_back_into_the_prompt() -> None:
+    """A raw prompt is continued, not answered: its end is context like any other."""
+    d = NgramDrafter(n_min=2, n_max=4)
+    d.reset()  # answer_start 0
+    seq = [1, 2, 3, 4, 5, 9, 1, 2, 3, 4]
+    assert d.propose(seq, 2, GREEDY, RNG).tokens == [5, 9] and d.match_len == 4

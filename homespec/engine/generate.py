@@ -250,6 +250,8 @@ def _steps(
     rng = np.random.default_rng(params.seed)
     history, how = prompt_tokens(rt, req)
     n_prompt = len(history)
+    # A chat's answer follows the template's role header: lookup's agreement stops there.
+    rt.ngram.answer_start = n_prompt if req.messages is not None else 0
     max_new = min(req.max_tokens, rt.target.n_ctx - n_prompt)
     stats = GenerationStats(
         mode=decision.mode,

@@ -63,8 +63,13 @@ DECAY = 0.99  # per recorded step: acceptance evidence ages
 # N-gram acceptance is kept per match length: a proposal whose context agrees with the
 # history's end for 20 tokens is far likelier to be right than one found by a 2-gram. Each
 # bucket holds matches of at least that many tokens; its prior says so until measured.
-MATCH_BUCKETS = (2, 4, 8, 16, 32)
-MATCH_PRIORS = {2: 0.6, 4: 0.65, 8: 0.75, 16: 0.85, 32: 0.9}  # optimistic: tried, then learned
+# Bucket 1 is an answer's first token after the chat template's role header (the n-gram key
+# holds the header, which every answer shares; NgramDrafter.reset): how an earlier answer
+# went on after the same first word. Its prior is below what a draft must be kept to pay
+# where verifying 2 tokens costs 1.5 plain steps (a CPU), above it where that is nearly
+# free (a GPU); the steps that do not use it measure it either way (learn_unused_match).
+MATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
+MATCH_PRIORS = {1: 0.4, 2: 0.6, 4: 0.65, 8: 0.75, 16: 0.85, 32: 0.9}  # the others optimistic
 # A catch-up is paid for certain and up front, its payback is an estimate over an answer that
 # may end sooner: it is priced at this multiple. (At 1, the demo draft caught up on a 250-token
 # extraction prompt for an estimated 1.35x and the answer came 20% slower than by n-gram.)

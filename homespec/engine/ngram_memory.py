@@ -85,15 +85,17 @@ class NgramMemory:
             if len(places) > self.CANDIDATES:
                 del places[0]
 
-    def lookup(self, history: Sequence[int]) -> tuple[int, int] | None:
+    def lookup(self, history: Sequence[int], cap: int | None = None) -> tuple[int, int] | None:
         """(agreement length, place) of the remembered context that agrees longest with the
-        end of `history`, at least n tokens; None when its last n-gram was never seen."""
+        end of `history`; None when its last n-gram was never seen. Agreement counts at most
+        `cap` tokens (default: back to the last boundary token)."""
         if len(history) < self.n:
             return None
         places = self._index.get(tuple(history[-self.n :]))
         if not places:
             return None
-        cap = since_boundary(history, self.MAX_MATCH, self.boundaries)
+        if cap is None:
+            cap = since_boundary(history, self.MAX_MATCH, self.boundaries)
         return max((self._agreement(history, f, cap), f) for f in places)
 
     def _agreement(self, history: Sequence[int], follow: int, cap: int) -> int:
