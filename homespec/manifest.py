@@ -174,11 +174,12 @@ class PairSpec(_Strict):
         "(about 250 bytes each; 0 = only the request at hand)",
     )
     spec_min_max_tokens: int = Field(
-        32,
+        0,
         ge=0,
-        description="answers capped below this many tokens never use the draft model (its "
-        "catch-up cannot pay back): the governor may still draft by n-gram lookup, and a "
-        "forced drafter runs plain",
+        description="a hard limit, off by default (0): answers capped below this many tokens "
+        "never use the draft model (the governor may still draft by n-gram lookup) and a "
+        "forced drafter runs plain. Unset, the governor prices the draft model's catch-up on "
+        "the prompt against the answer's length itself",
     )
     spec_max_temperature: float = Field(
         1.0, ge=0.0, description="requests hotter than this run plain"

@@ -324,7 +324,11 @@ def test_plain_runs_always_say_why(demo_pair: LoadedPair) -> None:
         """The decision's reason, without a note on threads (a busy machine adds one)."""
         return stats.reason.split("; threads ", 1)[0]
 
-    rt = demo_pair.runtime
+    # A pair that sets the short-answer limit (off by default)
+    rt = replace(
+        demo_pair.runtime,
+        spec=demo_pair.runtime.spec.model_copy(update={"spec_min_max_tokens": 32}),
+    )
     _, stats, _ = run(rt, messages=chat("hi"), max_tokens=8)
     assert "max_tokens 8 < 32: n-gram lookup only" in why(stats)
     assert stats.mode == ("speculative" if stats.draft_steps else "plain")

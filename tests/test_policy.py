@@ -11,6 +11,7 @@ PAIR = PairSpec(
     target="t",
     draft="d",
     draft_tokens=6,
+    spec_min_max_tokens=32,
     tasks={
         "creative": TaskPolicy(speculative=False),
         "code": TaskPolicy(draft_tokens=10),
@@ -51,8 +52,18 @@ def test_each_plain_decision_says_why(kw: dict[str, object], reason: str) -> Non
     assert d.reason == reason
 
 
-def test_a_short_answer_never_pays_for_a_draft_model_but_may_look_up_n_grams() -> None:
-    d = _decide(max_tokens=8)  # the governor, without the draft model
+def test_by_default_a_short_answer_is_left_to_the_governor() -> None:
+    """The governor prices the draft model's catch-up against the answer's room: on a GPU an
+    8-token answer can pay for it; spec_min_max_tokens is a hard limit to set, off by default."""
+    d = _decide(PairSpec(target="t", draft="d"), max_tokens=8)
+    assert (d.mode, d.drafter, d.use_model) == ("speculative", "auto", True)
+    assert "n-gram lookup only" not in d.reason
+    forced = _decide(PairSpec(target="t", draft="d"), max_tokens=8, drafter="model")
+    assert (forced.mode, forced.drafter) == ("speculative", "model")
+
+
+def test_a_short_answer_limit_keeps_the_draft_model_out_but_may_look_up_n_grams() -> None:
+    d = _decide(max_tokens=8)  # PAIR sets the limit: the governor, without the draft model
     assert (d.mode, d.drafter, d.use_model) == ("speculative", "auto", False)
     assert d.reason.endswith("; max_tokens 8 < 32: n-gram lookup only)")
     assert _decide(max_tokens=32).use_model  # at the limit the draft model is allowed again

@@ -81,9 +81,10 @@ def decide(
             short = f"max_tokens {req.max_tokens} < {pair.spec_min_max_tokens}"
             if drafter != "auto":
                 return plain(short)
-            # Too short to pay back a draft model's catch-up, but an answer that repeats the
-            # prompt ("Is 7919 prime?" "7919 is prime") costs n-gram lookup nothing to try: the
-            # governor drafts only where a match promises to pay, else steps plain.
+            # The pair's hard limit (off by default: the governor prices the draft model's
+            # catch-up against the answer's room itself). N-gram lookup costs nothing to try on
+            # an answer that repeats the prompt ("Is 7919 prime?" "7919 is prime"): the
+            # governor still drafts where a match promises to pay, else steps plain.
             use_model = False
             if "n-gram lookup only" not in degraded:  # the draft may already be unavailable
                 degraded += f"; {short}: n-gram lookup only"
