@@ -5,6 +5,7 @@ metrics, status/report. test_daemon_models.py runs what needs the real demo pair
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -20,6 +21,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from homespec.cli import cli
+from homespec.daemon.serve import bind
 
 from .daemon_process import Daemon, fake_daemon, fake_manifest_file
 
@@ -464,3 +466,29 @@ def test_what_the_governor_learned_survives_a_daemon_restart(tmp_path: Path) -> 
         assert "governor: acceptance for 1 task(s) restored from" in again.log()
     finally:
         again.stop()
+
+
+def test_the_daemons_connections_send_without_waiting_for_acks() -> None:
+    """Nagle's algorithm is off on every connection the daemon accepts (asyncio sets it only
+    where the listening socket says TCP): otherwise a non-streamed response's body waits for
+    the client's delayed ACK of its headers, 40 ms on each keep-alive request after the first."""
+    listener = bind("127.0.0.1", 0)
+    listener.listen()
+    seen: list[int] = []
+
+    async def accept() -> None:
+        async def handle(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = writer.get_extra_info("socket")
+            seen.append(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=listener)
+        port = listener.getsockname()[1]
+        async with server:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            while not seen:
+                await asyncio.sleep(0.01)
+            writer.close()
+
+    asyncio.run(asyncio.wait_for(accept(), 10))
+    assert seen == [1]
