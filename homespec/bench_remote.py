@@ -4,7 +4,8 @@ Each request streams from `/v1/chat/completions` with the same messages, max_tok
 temperature and seed as homespec's own runs; ttft is the first content chunk, e2e the last byte,
 both measured here, so tok/s means what it means for homespec (answer tokens ÷ e2e). The token
 count is the server's `usage` when it sends one, else its content chunks. llama-server's
-`timings.draft_n` / `draft_n_accepted`, when present, give the accept rate.
+`timings.draft_n` / `draft_n_accepted`, or a homespec daemon's `homespec` stats, when present,
+give the accept rate.
 
 No homespec state is involved: a server is an address and a label, e.g.
 `llama-ngram=http://127.0.0.1:8091`.
@@ -91,6 +92,7 @@ def _stream(
     chunks = 0
     usage: dict[str, Any] = {}
     timings: dict[str, Any] = {}
+    own: dict[str, Any] = {}  # a homespec daemon's stats (its last chunk)
     t0 = time.perf_counter()
     try:
         # A fresh connection per request: llama-server may close an idle keep-alive one just
@@ -110,6 +112,7 @@ def _stream(
                 event = json.loads(data)
                 usage = event.get("usage") or usage
                 timings = event.get("timings") or timings
+                own = event.get("homespec") or own
                 for choice in event.get("choices") or []:
                     text = (choice.get("delta") or {}).get("content") or ""
                     if text:
@@ -126,9 +129,10 @@ def _stream(
     stats.e2e_ms = (time.perf_counter() - t0) * 1000.0
     stats.completion_tokens = int(usage.get("completion_tokens") or chunks)
     stats.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-    proposed = int(timings.get("draft_n") or 0)
+    proposed = int(timings.get("draft_n") or own.get("proposed_tokens") or 0)
     if proposed:
         stats.mode, stats.drafter = "speculative", "auto"
         stats.proposed_tokens = proposed
-        stats.accepted_tokens = int(timings.get("draft_n_accepted") or 0)
+        accepted = timings.get("draft_n_accepted") or own.get("accepted_tokens")
+        stats.accepted_tokens = int(accepted or 0)
     return "".join(parts), stats

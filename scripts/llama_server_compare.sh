@@ -10,11 +10,18 @@
 # 2. Starts it on the default pair in each of its speculative configurations, all at once on
 #    loopback (an idle server costs memory, not CPU): plain, draft model (its default draft
 #    length), ngram-mod (its --spec-default) and ngram-simple.
-# 3. Runs `homespec bench --modes plain,auto --against …` so every request goes to homespec and
+# 3. Starts `homespec serve` on the same pair (fresh state: nothing learned, nothing remembered)
+#    and waits until its draft is attached and its costs calibrated, as a restarted service is.
+# 4. Runs `homespec bench --modes plain,auto --against …` so every request goes to homespec and
 #    to each server, interleaved per prompt, in one table (speedups against homespec plain).
+#    homespec's own modes run in-process; `homespec-daemon` is the daemon's default (`auto`)
+#    reached like llama-server is, over HTTP, streamed, a fresh connection per request: the row
+#    to hold against llama-server's, since that is what a client of either server gets.
 #
-# THREADS (default: what homespec uses) sets both systems' CPU threads; GPU_LAYERS (default 0)
-# the llama-server layers on a GPU for a CUDA build. Servers are stopped on exit.
+# THREADS (default: what homespec uses) sets both systems' CPU threads (the daemon runs at the
+# pair's models.toml setting: it is left out when THREADS differs); GPU_LAYERS (default 0)
+# the llama-server layers on a GPU for a CUDA build. DAEMON=0 leaves the daemon out. Servers
+# are stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '\033[1mcompare:\033[0m %s\n' "$*" >&2; }
@@ -23,7 +30,12 @@ die() { printf 'Error: %s\n' "$*" >&2; exit 1; }
 PY=.venv/bin/python
 [ -x "$PY" ] || die "no .venv here — run ./scripts/install.sh first"
 VER=$("$PY" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
-THREADS=${THREADS:-$("$PY" -c 'from homespec.engine.neighbours import physical_cores; print(physical_cores())')}
+OWN_THREADS=$("$PY" -c '
+from homespec.engine.neighbours import physical_cores
+from homespec.manifest import load_manifest
+_, pair = load_manifest(None).pair(None)
+print(pair.threads or physical_cores())')
+THREADS=${THREADS:-$OWN_THREADS}
 GPU_LAYERS=${GPU_LAYERS:-0}
 PATHS=$("$PY" -c '
 from homespec.manifest import load_manifest
@@ -82,5 +94,24 @@ for a in "${AGAINST[@]}"; do
   done
   up "$url" || die "llama-server at $url did not start: see $LOGDIR"
 done
+if [ "${DAEMON:-1}" = 1 ] && [ "$THREADS" = "$OWN_THREADS" ]; then
+  port=$((port + 1))
+  "$PY" -m homespec serve --port "$port" --state-dir "$(mktemp -d)" >"$LOGDIR/homespec-daemon.log" 2>&1 &
+  daemon=$!
+  PIDS+=("$daemon")
+  AGAINST+=(--against "homespec-daemon=http://127.0.0.1:$port")
+  # Speculative once the draft is attached, which follows its cost calibration.
+  for _ in $(seq 300); do
+    kill -0 "$daemon" 2>/dev/null || break
+    "$PY" -c 'import sys, httpx
+h = httpx.get(sys.argv[1] + "/health").json()
+sys.exit(0 if any(p["mode"] == "speculative" for p in h["pairs"].values()) else 1)' \
+      "http://127.0.0.1:$port" 2>/dev/null && break
+    sleep 1
+  done
+  up "http://127.0.0.1:$port" || die "homespec serve did not start: see $LOGDIR/homespec-daemon.log"
+elif [ "${DAEMON:-1}" = 1 ]; then
+  say "THREADS=$THREADS is not the pair's own $OWN_THREADS: homespec's daemon left out"
+fi
 say "servers up (logs in $LOGDIR); benching"
 "$PY" -m homespec bench --threads "$THREADS" --modes plain,auto "${AGAINST[@]}" "$@"

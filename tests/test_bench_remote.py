@@ -164,3 +164,15 @@ def test_a_tasks_tok_s_is_its_tokens_over_its_time_not_one_prompts_median() -> N
         assert rows[mode].tokens_per_s == pytest.approx(throughput(mode))
     assert rows["auto"].speedup == pytest.approx(throughput("auto") / throughput("plain"))
     assert rows["auto"].tokens_per_s / rows["ngram"].tokens_per_s == pytest.approx(0.97, abs=0.01)
+
+
+def test_a_homespec_daemons_own_draft_counts_reach_the_table(other: Daemon) -> None:
+    """A homespec daemon has no llama-server `timings`: its `homespec` stats give the row's
+    accept rate (scripts/llama_server_compare.sh puts the daemon beside llama-server)."""
+    with httpx.Client(timeout=30) as client:
+        _, stats = run_remote(
+            client, Remote("own", other.url), items()[0], temperature=0.0, max_tokens=40
+        )
+    assert stats.mode == "speculative" and stats.drafter != "none"
+    assert 0 < stats.accepted_tokens <= stats.proposed_tokens
+    assert stats.accept_rate is not None and 0 < stats.accept_rate <= 1
