@@ -179,6 +179,11 @@ def main() -> None:
     ap.add_argument("--why", action="store_true", help="print each auto answer's reason")
     ap.add_argument("--trace", action="store_true", help="print every step of each auto answer")
     ap.add_argument("--json", type=Path, help="write the table's rows here")
+    ap.add_argument(
+        "--no-task",
+        action="store_true",
+        help="send no task, as an OpenAI client does (the table still groups by task)",
+    )
     args = ap.parse_args()
     items = load_workload(args.workload)
     if args.task:
@@ -195,9 +200,11 @@ def main() -> None:
         for idx, item in enumerate(items):
             for mode in modes:
                 req = _request(item, mode, 0.0, None, remember=mode == modes[-1])
+                if args.no_task:
+                    req = replace(req, task=None)
                 if tracer is not None:
                     tracer.on = mode == AUTO
-                run = replace(run_priced(rt, req, clock), item=idx, mode=mode)
+                run = replace(run_priced(rt, req, clock), task=item.task, item=idx, mode=mode)
                 runs.append(run)
                 print(
                     f"{item.task} #{idx + 1} {mode}: {run.stats.completion_tokens} tok, "
