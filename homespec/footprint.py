@@ -83,10 +83,13 @@ def estimate(
     gpu: str | None = None,
     n_ubatch: int = N_UBATCH,
     remote: tuple[tuple[str, int], ...] = (),
+    flash: bool = False,
 ) -> Footprint:
     """Bytes per device for one model and its context. `gpu_layers` is llama.cpp's n_gpu_layers
     for the local GPU (-1: all, the output included); `remote` gives RPC devices their layers
-    first (llama.cpp puts RPC devices before local GPUs)."""
+    first (llama.cpp puts RPC devices before local GPUs). `flash`: the context runs flash
+    attention on the CPU, which never holds the attention scores of a whole batch (measured on
+    the demo pair: 48 and 65 MiB less than without it, the scores term within 2%)."""
     n_layer = info.block_count
     taken = sum(c for _, c in remote)
     local = 0
@@ -115,8 +118,9 @@ def estimate(
     _add(w, output_device, info.other_bytes)
     ubatch = min(n_ubatch, n_ctx)
     kv_cells_used = cells if not info.recurrent else ubatch
+    scores = 0 if flash else ubatch * kv_cells_used * max(info.n_head, 1) * 4 * KQ_FACTOR
     graph = (
-        ubatch * kv_cells_used * max(info.n_head, 1) * 4 * KQ_FACTOR
+        scores
         + ubatch * kv_cells_used * 4 * (2 if info.sliding_window else 1)
         + ubatch * 4 * ACTIVATION_ROWS * (info.embedding_length + info.n_ff)
     )

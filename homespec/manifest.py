@@ -161,8 +161,9 @@ class PairSpec(_Strict):
     )
     flash_attn: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="auto: off for a pair run on the CPU only (measured faster there), "
-        "llama.cpp's own choice when any layer is on a GPU",
+        description="auto: for a pair run on the CPU only, whichever this machine measured "
+        "faster for the target (once, remembered); llama.cpp's own choice when any layer is on "
+        "a GPU",
     )
     ngram_min: int = Field(2, ge=1, le=16, description="shortest n-gram prompt lookup matches")
     ngram_max: int = Field(4, ge=1, le=16, description="longest n-gram prompt lookup tries first")

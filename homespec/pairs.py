@@ -8,7 +8,9 @@ allocates anything. `ask`, `bench`, `doctor` and (later) the daemon all start fr
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
+from homespec.engine import flash
 from homespec.gguf_meta import GGUFInfo, check_pair, read_gguf
 from homespec.integrity import verify_sha256
 from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT, Manifest, PairSpec
@@ -68,7 +70,16 @@ def plan_request(manifest: Manifest, files: PairFiles) -> PairRequest:
         n_outputs=MAX_DRAFT_TOKENS + 1,
         gpu_layers=pair.gpu_layers,
         draft_gpu_layers=pair.draft_gpu_layers,
+        cpu_flash=cpu_flash(pair, files.target.path),
     )
+
+
+def cpu_flash(pair: PairSpec, target: Path) -> bool:
+    """Whether the pair's contexts use flash attention when it runs on the CPU only: as
+    models.toml says, or for "auto" as this machine measured for the target (not yet: no)."""
+    if pair.flash_attn != "auto":
+        return pair.flash_attn == "on"
+    return flash.remembered(target) is True
 
 
 def with_workers(req: PairRequest, pair: PairSpec, machine: Machine) -> PairRequest:

@@ -165,6 +165,9 @@ class PairRequest:
     gpu_layers: int = -1  # -1: as many as fit; 0: CPU only; N: at most N
     draft_gpu_layers: int = -1
     remote_devices: tuple[str, ...] = ()  # reachable devices of the pair's target_workers
+    # Flash attention where the pair runs on the CPU only: "on", or "auto" with this machine's
+    # remembered verdict (engine/flash.py; none yet: planned without, the larger buffers)
+    cpu_flash: bool = False
 
 
 def uses_gpu(a: Arrangement, role: str) -> bool:
@@ -216,7 +219,14 @@ def _use(
     return tuple(uses)
 
 
+def cpu_only(a: Arrangement) -> bool:
+    """No target layer on a GPU: flash attention is then homespec's choice, not llama.cpp's
+    (engine/loader.flash_attention), for the draft's context too."""
+    return not uses_gpu(a, "target")
+
+
 def evaluate(req: PairRequest, machine: Machine, a: Arrangement) -> tuple[DeviceUse, ...]:
+    flash = req.cpu_flash and cpu_only(a)
     target = estimate(
         req.target,
         n_ctx=a.n_ctx,
@@ -224,11 +234,17 @@ def evaluate(req: PairRequest, machine: Machine, a: Arrangement) -> tuple[Device
         gpu_layers=a.target_gpu_layers,
         gpu=a.gpu,
         remote=a.remote,
+        flash=flash,
     )
     draft = None
     if a.draft_gpu_layers is not None and req.draft is not None:
         draft = estimate(
-            req.draft, n_ctx=a.n_ctx, n_outputs=1, gpu_layers=a.draft_gpu_layers, gpu=a.gpu
+            req.draft,
+            n_ctx=a.n_ctx,
+            n_outputs=1,
+            gpu_layers=a.draft_gpu_layers,
+            gpu=a.gpu,
+            flash=flash,
         )
     return _use(machine, a, target, draft)
 

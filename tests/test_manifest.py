@@ -101,15 +101,24 @@ def test_config_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         find_manifest(tmp_path / "missing.toml")
 
 
-def test_flash_attention_auto_is_off_on_cpu_and_llama_cpp_auto_on_gpu() -> None:
+def test_flash_attention_auto_is_measured_on_cpu_and_llama_cpps_own_on_gpu() -> None:
     from homespec.engine.loader import flash_attention
     from homespec.manifest import PairSpec
 
+    asked: list[bool] = []
+
+    def measured() -> bool:
+        asked.append(True)
+        return True
+
     pair = PairSpec(target="t", draft="d")
-    assert flash_attention(pair, on_gpu=False) is False
-    assert flash_attention(pair, on_gpu=True) is None
-    assert flash_attention(pair.model_copy(update={"flash_attn": "on"}), on_gpu=False) is True
-    assert flash_attention(pair.model_copy(update={"flash_attn": "off"}), on_gpu=True) is False
+    assert flash_attention(pair, on_gpu=False, measured=measured) is True
+    assert flash_attention(pair, on_gpu=False, measured=lambda: False) is False
+    assert flash_attention(pair, on_gpu=True, measured=measured) is None
+    on, off = (pair.model_copy(update={"flash_attn": v}) for v in ("on", "off"))
+    assert flash_attention(on, on_gpu=False, measured=measured) is True
+    assert flash_attention(off, on_gpu=True, measured=measured) is False
+    assert asked == [True]  # measured only where "auto" leaves it to this CPU
 
 
 def test_memory_budget_and_min_context_are_validated(tmp_path: Path) -> None:

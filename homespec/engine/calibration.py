@@ -38,7 +38,7 @@ AGREEMENT_CHAT = [
 AGREEMENT_POSITIONS = 32  # next-token predictions compared (one draft decode each)
 
 
-def _costs(
+def decode_costs(
     ctx: Target, base: list[int], filler: list[int], sizes: tuple[int, ...], n_logits: bool
 ) -> dict[int, float]:
     """ms of one decode of n tokens after `base`, the faster of two tries (a neighbour's burst
@@ -98,13 +98,15 @@ def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) ->
     from these and keeps the costs current from real steps. Leaves both caches empty."""
     filler = (rt.target.model.tokenize(" the", special=False) or [0])[-1:]
     base = filler * 32
-    for n, ms in _costs(rt.target, base, filler, sizes, n_logits=True).items():
+    for n, ms in decode_costs(rt.target, base, filler, sizes, n_logits=True).items():
         rt.ledger.verify.observe(n, ms)
     rt.ledger.quiet = CostCurve(dict(rt.ledger.verify.points))
     rt.ledger.slowdown = 1.0  # as fast as the quiet curve, by definition
     rt.ledger.verify_ref = dict.fromkeys(rt.ledger.verify.points, 1.0)
     if rt.draft is not None:
-        rt.ledger.observe_draft(list(_costs(rt.draft.ctx, base, filler, (1, 8, 32), False).items()))
+        rt.ledger.observe_draft(
+            list(decode_costs(rt.draft.ctx, base, filler, (1, 8, 32), False).items())
+        )
         rt.ledger.agreement = agreement(rt)
     LOG.info(
         "pair %s: decode cost (ms) by tokens %s; draft %s ms/token, agrees with the target "

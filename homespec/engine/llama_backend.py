@@ -292,6 +292,7 @@ class LlamaContext:
         self.model = model
         self.n_ctx = n_ctx
         self.n_batch = n_batch
+        self.flash_attn = flash_attn  # as asked (None: llama.cpp's choice)
         self._site = crash_site or CrashSite()
         self._decode_site = decode_site
         self._site.mark(Site.LOAD_DRAFT if decode_site == Site.DRAFT else Site.LOAD_TARGET)

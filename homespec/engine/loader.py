@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 
 import psutil
 
-from homespec.engine import repack
+from homespec.engine import flash, repack
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
@@ -75,17 +76,15 @@ def placement(
     return devices, split, sum(int(c) for c in split)
 
 
-def flash_attention(pair: PairSpec, *, on_gpu: bool) -> bool | None:
+def flash_attention(pair: PairSpec, *, on_gpu: bool, measured: Callable[[], bool]) -> bool | None:
     """The pair's flash-attention setting for llama.cpp (None = llama.cpp decides).
 
-    On the CPU, llama.cpp's flash-attention kernel slowed decoding as the context grew on the
-    machines homespec is built on (SmolLM2 F32 at 800 tokens of context: 50 ms/token with it,
-    28 ms without; about even under 100 tokens), so "auto" turns it off for a pair the plan puts
-    on the CPU only.
-    """
+    On a GPU "auto" leaves it to llama.cpp. On the CPU its kernel is faster on some processors
+    and far slower on others as the context grows, so "auto" takes what `measured()` found on
+    this machine for this model (engine/flash.py); "on" and "off" force it."""
     if pair.flash_attn != "auto":
         return pair.flash_attn == "on"
-    return None if on_gpu else False
+    return None if on_gpu else measured()
 
 
 @dataclass(frozen=True)
@@ -121,6 +120,7 @@ class Held:
     load_ms: dict[str, float] = field(default_factory=dict)
     memory: list[MemoryCheck] = field(default_factory=list)
     repack: dict[str, repack.Verdict] = field(default_factory=dict)  # by role
+    flash: flash.FlashVerdict | None = None  # the target's, measured or remembered (CPU, auto)
 
     def set_threads(self, n: int) -> None:
         for ctx in self.contexts:
@@ -166,7 +166,7 @@ def _used(gpu: str | None) -> dict[str, int]:
     return used
 
 
-def _footprint(files: PairFiles, a: Arrangement, role: str) -> Footprint:
+def _footprint(files: PairFiles, a: Arrangement, role: str, *, flash: bool) -> Footprint:
     if role == "target":
         return estimate(
             files.target,
@@ -175,10 +175,16 @@ def _footprint(files: PairFiles, a: Arrangement, role: str) -> Footprint:
             gpu_layers=a.target_gpu_layers,
             gpu=a.gpu,
             remote=a.remote,
+            flash=flash,
         )
     assert files.draft is not None and a.draft_gpu_layers is not None
     return estimate(
-        files.draft, n_ctx=a.n_ctx, n_outputs=1, gpu_layers=a.draft_gpu_layers, gpu=a.gpu
+        files.draft,
+        n_ctx=a.n_ctx,
+        n_outputs=1,
+        gpu_layers=a.draft_gpu_layers,
+        gpu=a.gpu,
+        flash=flash,
     )
 
 
@@ -226,12 +232,37 @@ def _load_model(
             info.path.name,
             problem,
         )
+    threads = pair.threads or physical_cores()
+
+    def measured() -> bool:
+        """The target's verdict (the draft follows it): remembered, else measured now."""
+        if held.flash is None:
+            assert role == "target", "the target loads first"
+
+            def scratch(on: bool) -> LlamaContext:
+                return LlamaContext(
+                    model,
+                    n_ctx=max(flash.PROMPT, flash.DEPTH) + 8,
+                    n_batch=flash.N_BATCH,
+                    threads=threads,
+                    flash_attn=on,
+                    n_outputs_max=8,
+                    crash_site=site,
+                    decode_site=Site.TARGET,
+                )
+
+            filler = (model.tokenize(" the", special=False) or [0])[-1:]
+            held.flash = flash.verdict(name, info.path, scratch, filler)
+        return held.flash.on
+
     ctx = LlamaContext(
         model,
         n_ctx=a.n_ctx,
         n_batch=min(N_BATCH, a.n_ctx),
-        threads=pair.threads or physical_cores(),
-        flash_attn=flash_attention(pair, on_gpu=a.gpu is not None and a.target_gpu_layers > 0),
+        threads=threads,
+        flash_attn=flash_attention(
+            pair, on_gpu=a.gpu is not None and a.target_gpu_layers > 0, measured=measured
+        ),
         n_outputs_max=a.n_outputs if role == "target" else 1,
         crash_site=site,
         decode_site=Site.TARGET if role == "target" else Site.DRAFT,
@@ -243,7 +274,7 @@ def _load_model(
     if measure_peak:
         ctx.touch_peak()
     after = _used(a.gpu)
-    fp = _footprint(files, a, role)
+    fp = _footprint(files, a, role, flash=ctx.flash_attn is True)
     predicted = {d: fp.on(d) for d in fp.devices}
     if uses_gpu(a, role) and not any(a.gpu in c.predicted for c in held.memory):
         # the first model on the card brings the CUDA context and libraries with it

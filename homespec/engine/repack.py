@@ -139,7 +139,7 @@ def cache_key(path: Path, gpu_layers: int) -> str:
     return f"{build_id()}|{cpu_id()}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|gpu{gpu_layers}"
 
 
-def _read_cache(file: Path) -> dict[str, dict[str, object]]:
+def read_cache(file: Path) -> dict[str, dict[str, object]]:
     try:
         data = json.loads(file.read_text())
     except (OSError, ValueError):
@@ -147,16 +147,17 @@ def _read_cache(file: Path) -> dict[str, dict[str, object]]:
     return data if isinstance(data, dict) else {}
 
 
-def _remember(file: Path, key: str, entry: dict[str, object]) -> None:
-    """Best effort: a read-only cache only means the canary runs again next time."""
-    cache = _read_cache(file)
+def remember(file: Path, key: str, entry: dict[str, object]) -> None:
+    """Best effort: a read-only cache only means the canary (or flash attention's measurement,
+    engine/flash.py) runs again next time."""
+    cache = read_cache(file)
     cache[key] = entry
     tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(cache, indent=1))
         os.replace(tmp, file)
     except OSError as exc:
-        LOG.warning("could not remember the canary's verdict in %s: %s", file, exc)
+        LOG.warning("could not remember a verdict in %s: %s", file, exc)
 
 
 Runner = Callable[[Path, int, bool], CanaryRun]
@@ -176,7 +177,7 @@ def verdict(
         return Verdict(override, "models.toml")
     cache_file = cache_file or cache_dir() / CACHE_NAME
     key = cache_key(path, gpu_layers)
-    known = _read_cache(cache_file).get(key)
+    known = read_cache(cache_file).get(key)
     if known is not None:
         if known.get("broken"):
             raise EngineError(str(known["broken"]), _BROKEN_HINT)
@@ -184,7 +185,7 @@ def verdict(
     LOG.info("canary: first decode of %s in a separate process…", model)
     first = runner(path, gpu_layers, True)
     if first.returncode == 0:
-        _remember(cache_file, key, {"repack": True, "model": model})
+        remember(cache_file, key, {"repack": True, "model": model})
         return Verdict(True, "canary")
     if not first.crashed:  # llama.cpp refused the file, or the logits were bad: not ours to judge
         why = first.stderr.splitlines()[-1] if first.stderr else first.signal_name
@@ -196,14 +197,14 @@ def verdict(
             "CPU (llama.cpp issue 20824: AMX); it loads without repacking here"
         )
         LOG.warning("%s", note)
-        _remember(cache_file, key, {"repack": False, "model": model, "note": note})
+        remember(cache_file, key, {"repack": False, "model": model, "note": note})
         return Verdict(False, "canary", note)
     broken = (
         f"llama.cpp crashes on {model} on this machine: {first.signal_name} with repacked "
         f"weights and {second.signal_name} without ({path})"
     )
     if second.crashed:
-        _remember(cache_file, key, {"broken": broken, "model": model})
+        remember(cache_file, key, {"broken": broken, "model": model})
     raise EngineError(broken, _BROKEN_HINT)
 
 
