@@ -225,27 +225,31 @@ def cpu_only(a: Arrangement) -> bool:
     return not uses_gpu(a, "target")
 
 
-def evaluate(req: PairRequest, machine: Machine, a: Arrangement) -> tuple[DeviceUse, ...]:
-    flash = req.cpu_flash and cpu_only(a)
-    target = estimate(
-        req.target,
-        n_ctx=a.n_ctx,
-        n_outputs=a.n_outputs,
-        gpu_layers=a.target_gpu_layers,
-        gpu=a.gpu,
-        remote=a.remote,
-        flash=flash,
-    )
-    draft = None
-    if a.draft_gpu_layers is not None and req.draft is not None:
-        draft = estimate(
-            req.draft,
+def footprint_of(info: GGUFInfo, a: Arrangement, role: str, *, flash: bool) -> Footprint:
+    """One model's estimate as arrangement `a` places it: the target with its verify rows of
+    logits and its RPC devices, the draft with one row."""
+    if role == "target":
+        return estimate(
+            info,
             n_ctx=a.n_ctx,
-            n_outputs=1,
-            gpu_layers=a.draft_gpu_layers,
+            n_outputs=a.n_outputs,
+            gpu_layers=a.target_gpu_layers,
             gpu=a.gpu,
+            remote=a.remote,
             flash=flash,
         )
+    assert a.draft_gpu_layers is not None
+    return estimate(
+        info, n_ctx=a.n_ctx, n_outputs=1, gpu_layers=a.draft_gpu_layers, gpu=a.gpu, flash=flash
+    )
+
+
+def evaluate(req: PairRequest, machine: Machine, a: Arrangement) -> tuple[DeviceUse, ...]:
+    flash = req.cpu_flash and cpu_only(a)
+    target = footprint_of(req.target, a, "target", flash=flash)
+    draft = None
+    if a.draft_gpu_layers is not None and req.draft is not None:
+        draft = footprint_of(req.draft, a, "draft", flash=flash)
     return _use(machine, a, target, draft)
 
 

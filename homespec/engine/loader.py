@@ -29,10 +29,10 @@ from homespec.engine.llama_backend import (
 )
 from homespec.engine.neighbours import ThreadAdapter, physical_cores
 from homespec.errors import OutOfMemoryError
-from homespec.footprint import Footprint, estimate
+from homespec.footprint import Footprint
 from homespec.manifest import Manifest, PairSpec
 from homespec.pairs import PairFiles, inspect_pair, plan
-from homespec.planner import Arrangement, PairPlan, runtime_cost, uses_gpu
+from homespec.planner import Arrangement, PairPlan, footprint_of, runtime_cost, uses_gpu
 from homespec.resources import RAM, Machine, cuda_used, probe_machine
 from homespec.sizes import fmt_size
 from homespec.workers import attach
@@ -167,25 +167,9 @@ def _used(gpu: str | None) -> dict[str, int]:
 
 
 def _footprint(files: PairFiles, a: Arrangement, role: str, *, flash: bool) -> Footprint:
-    if role == "target":
-        return estimate(
-            files.target,
-            n_ctx=a.n_ctx,
-            n_outputs=a.n_outputs,
-            gpu_layers=a.target_gpu_layers,
-            gpu=a.gpu,
-            remote=a.remote,
-            flash=flash,
-        )
-    assert files.draft is not None and a.draft_gpu_layers is not None
-    return estimate(
-        files.draft,
-        n_ctx=a.n_ctx,
-        n_outputs=1,
-        gpu_layers=a.draft_gpu_layers,
-        gpu=a.gpu,
-        flash=flash,
-    )
+    info = files.target if role == "target" else files.draft
+    assert info is not None
+    return footprint_of(info, a, role, flash=flash)
 
 
 def _load_model(
