@@ -6,8 +6,8 @@ processor:
   token with it and 28 ms without, and a 2-core AMD EPYC verified 32 tokens at 500 tokens of
   context at 405 tokens/s with it against 607 without;
 - on another 2-core AMD EPYC (AVX-512, 2026-11-25) it was as fast or faster at every size and
-  depth llama-bench tried: plain decoding of the shipped workload ran 8% faster with it, first
-  tokens came 17% sooner, and `auto` was 3.5% faster (the same prompts, both ways in one run).
+  depth llama-bench tried, and the shipped workload ran faster with it: plain decoding 1.05×,
+  `auto` 1.10×, first tokens 10-23% sooner (scripts/flash_ab.py: both ways in one process).
 
 No fixed setting is right on both, and the same kernel is faster at one size and slower at
 another (on that EPYC, at 384 tokens of context: as fast for one token, 9% slower for 8,
@@ -100,15 +100,21 @@ def _key(path: Path) -> str:
     return CACHE_PREFIX + repack.cache_key(path, 0)
 
 
+def _known(path: Path, cache_file: Path) -> FlashVerdict | None:
+    entry = repack.read_cache(cache_file).get(_key(path)) or {}
+    on = entry.get("on")
+    if not isinstance(on, bool):
+        return None
+    return FlashVerdict(on, "remembered", str(entry.get("why", "")))
+
+
 def remembered(path: Path, *, cache_file: Path | None = None) -> bool | None:
     """The verdict this machine remembers for the model file at `path` (None: none yet)."""
     try:
-        key = _key(path)
+        known = _known(path, cache_file or cache_dir() / CACHE_NAME)
     except OSError:  # no such file (yet): nothing to remember
         return None
-    known = repack.read_cache(cache_file or cache_dir() / CACHE_NAME).get(key)
-    on = (known or {}).get("on")
-    return on if isinstance(on, bool) else None
+    return None if known is None else known.on
 
 
 def verdict(
@@ -121,14 +127,12 @@ def verdict(
 ) -> FlashVerdict:
     """The remembered verdict for the model file at `path`, else a measured one (remembered)."""
     cache_file = cache_file or cache_dir() / CACHE_NAME
-    key = _key(path)
-    known = repack.read_cache(cache_file).get(key) or {}
-    on = known.get("on")
-    if isinstance(on, bool):
-        return FlashVerdict(on, "remembered", str(known.get("why", "")))
+    known = _known(path, cache_file)
+    if known is not None:
+        return known
     LOG.info("%s: measuring flash attention on this CPU (once; about three seconds)…", name)
     times = measure(make, filler)
     on, why = decide(times[False], times[True])
     LOG.info("%s: %s", name, why)
-    repack.remember(cache_file, key, {"on": on, "why": why, "model": name})
+    repack.remember(cache_file, _key(path), {"on": on, "why": why, "model": name})
     return FlashVerdict(on, "measured", why)

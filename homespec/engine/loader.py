@@ -29,7 +29,6 @@ from homespec.engine.llama_backend import (
 )
 from homespec.engine.neighbours import ThreadAdapter, physical_cores
 from homespec.errors import OutOfMemoryError
-from homespec.footprint import Footprint
 from homespec.manifest import Manifest, PairSpec
 from homespec.pairs import PairFiles, inspect_pair, plan
 from homespec.planner import Arrangement, PairPlan, footprint_of, runtime_cost, uses_gpu
@@ -166,12 +165,6 @@ def _used(gpu: str | None) -> dict[str, int]:
     return used
 
 
-def _footprint(files: PairFiles, a: Arrangement, role: str, *, flash: bool) -> Footprint:
-    info = files.target if role == "target" else files.draft
-    assert info is not None
-    return footprint_of(info, a, role, flash=flash)
-
-
 def _load_model(
     manifest: Manifest,
     files: PairFiles,
@@ -258,7 +251,7 @@ def _load_model(
     if measure_peak:
         ctx.touch_peak()
     after = _used(a.gpu)
-    fp = _footprint(files, a, role, flash=ctx.flash_attn is True)
+    fp = footprint_of(info, a, role, flash=ctx.flash_attn is True)
     predicted = {d: fp.on(d) for d in fp.devices}
     if uses_gpu(a, role) and not any(a.gpu in c.predicted for c in held.memory):
         # the first model on the card brings the CUDA context and libraries with it
