@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/governor_replay.py [--workload F] [--task T,…] [--modes plain,auto]
         [--costs cpu|gpu|FILE.json] [--pair NAME] [--why] [--trace] [--json OUT.json]
+        [--no-task] [--chatter]
 
 On a 2-core box one bench run's ratios swing by 10–20%: the machine's speed wanders, and the
 governor, which decides from the costs it measures, decides differently from run to run (one
@@ -38,7 +39,7 @@ from pathlib import Path
 import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before numpy's)
 
 # isort: split
-from homespec.bench import AUTO, Run, _another_chat, _request, render_table, summarize
+from homespec.bench import AUTO, WARM_UP, Run, _another_chat, _request, render_table, summarize
 from homespec.engine import generate as loop
 from homespec.engine import governor, sampling
 from homespec.engine.calibration import agreement
@@ -46,9 +47,9 @@ from homespec.engine.generate import PairRuntime, generate
 from homespec.engine.governor import Choice, CostCurve, Inputs
 from homespec.engine.llama_backend import LlamaContext
 from homespec.engine.loader import load_pair
-from homespec.engine.types import GenerationRequest, GenerationStats
+from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import load_manifest
-from homespec.workload import load_workload
+from homespec.workload import WorkItem, load_workload
 
 SHIPPED = Path(__file__).resolve().parent.parent.parent / "shared" / "prompts" / "workload.jsonl"
 PRESETS: dict[str, dict[str, dict[int, float]]] = {
@@ -184,6 +185,12 @@ def main() -> None:
         action="store_true",
         help="send no task, as an OpenAI client does (the table still groups by task)",
     )
+    ap.add_argument(
+        "--chatter",
+        action="store_true",
+        help="before each prompt, an unpriced task-less 'Say hello.' through the governor, as "
+        "a daemon benched against other servers gets (bench warms every server up that way)",
+    )
     args = ap.parse_args()
     items = load_workload(args.workload)
     if args.task:
@@ -198,6 +205,10 @@ def main() -> None:
         pin_costs(rt, cost_table(args.costs), clock)
         tracer = Tracer(rt, clock) if args.trace else None
         for idx, item in enumerate(items):
+            if args.chatter:
+                talk = [Message(m["role"], m["content"]) for m in WARM_UP]
+                hello = _request(WorkItem("chatter", talk, 8, 0), AUTO, 0.0, None, remember=True)
+                run_priced(rt, replace(hello, task=None), clock)
             for mode in modes:
                 req = _request(item, mode, 0.0, None, remember=mode == modes[-1])
                 if args.no_task:

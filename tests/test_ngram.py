@@ -172,6 +172,35 @@ def test_a_chat_answers_first_token_agrees_only_as_far_as_the_answer() -> None:
     assert d.match_len == 3
 
 
+def test_the_same_conversation_again_is_a_full_match_from_its_answers_first_token() -> None:
+    """Asked again what it was asked before (a retry, a regenerated answer), the remembered
+    answer is the one to draft, from the first token on, however short the question."""
+    start, end = 900, 901
+    header = [start, 70, 71]
+    prompt = [start, 60, 61, 5, 6, end, *header]  # <|im_start|> user \n 5 6 <|im_end|> …
+    answer = [30, 40, 41, 42, end]
+    d = NgramDrafter(n_min=2, n_max=4, memory_tokens=100, boundaries=frozenset({start, end}))
+    d.remember([*prompt, *answer])
+    d.remember([start, 60, 61, 7, 6, end, *header, 30, 50, 51, end])  # another question
+    d.reset()
+    d.answer_start = len(prompt)
+    assert d.propose(prompt, 8, GREEDY, RNG).tokens == answer
+    assert d.from_memory and d.match_len == NgramMemory.MAX_MATCH
+    # The other question's answer began the same way: it still agrees only as far as the answer.
+    d.reset()
+    other = [start, 60, 61, 8, 6, end, *header]
+    d.answer_start = len(other)
+    d.propose([*other, 30], 3, GREEDY, RNG)
+    assert d.match_len == 1
+    # Agreement over MAX_MATCH tokens counts across turn markers too (a long question's end).
+    long_q = [start, 60, 61, *range(100, 140), end, *header]
+    d.remember([*long_q, 30, 80, 81, end])
+    d.reset()
+    d.answer_start = len(long_q)
+    assert d.propose([9, *long_q[1:]], 3, GREEDY, RNG).tokens == [30, 80, 81]
+    assert d.match_len == NgramMemory.MAX_MATCH
+
+
 def test_a_raw_prompts_answer_agrees_back_into_the_prompt() -> None:
     """A raw prompt is continued, not answered: its end is context like any other."""
     d = NgramDrafter(n_min=2, n_max=4)

@@ -99,12 +99,26 @@ class NgramMemory:
         return max((self._agreement(history, f, cap), f) for f in places)
 
     def _agreement(self, history: Sequence[int], follow: int, cap: int) -> int:
-        """How many tokens before `follow` equal `history`'s last ones, up to `cap`."""
+        """How many tokens before `follow` equal `history`'s last ones, up to `cap`; but
+        MAX_MATCH where they agree for that long whatever `cap` is, or where they agree all the
+        way back to where both begin: the same conversation again (a retry, a regenerated
+        answer, a client asking what it asked before), whose answer went on as the remembered
+        one did.
+
+        Capped at the answer's start instead, every answer to a repeated question began as a
+        1-token match, and the answers of a daemon sent "Say hello." between other prompts
+        taught 1- and 2-token matches that they are kept 61% of the time at position 1 and
+        75–86% beyond: an extraction answer then drafted 8 tokens on 2-token matches that
+        failed step after step (1.10× plain at fixed costs, 1.22× without the greetings), and
+        short answers drafted from other answers' openings (0.88× plain)."""
         corpus, end, length = self._corpus, len(history), self.n
-        while length < cap and follow - length > 0 and end - length > 0:
+        while length < self.MAX_MATCH and follow - length > 0 and end - length > 0:
             if corpus[follow - length - 1] != history[end - length - 1]:
                 break  # a separator never equals a token
             length += 1
+        began = follow - length == 0 or corpus[follow - length - 1] == SEP
+        if length >= self.MAX_MATCH or (end - length == 0 and began):
+            return self.MAX_MATCH
         return min(length, cap)
 
     def continuation(self, place: int, k: int) -> list[int]:
