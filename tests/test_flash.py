@@ -131,5 +131,5 @@ def test_the_plan_expects_flash_attention_as_models_toml_or_this_machine_says(
     assert (cpu_flash(on, model), cpu_flash(off, model)) == (True, False)
     assert cpu_flash(auto, model) is False  # not measured yet: planned without it (more memory)
     key = flash.CACHE_PREFIX + cache_key(model, 0)
-    remember(tmp_path / flash.CACHE_NAME, key, {"on": True})
+    remember(tmp_path / flash.CACHE_NAME, key, {"on": True}, model)
     assert cpu_flash(auto, model) is True

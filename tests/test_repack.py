@@ -100,6 +100,24 @@ def test_a_changed_file_is_checked_again(model: Path, tmp_path: Path) -> None:
     assert decide(model, runner, cache).source == "canary"
 
 
+def test_verdicts_on_model_files_that_are_gone_are_dropped(model: Path, tmp_path: Path) -> None:
+    """A deleted model (or a test's scratch copy) can never be asked about again: its entry
+    goes the next time the cache is written, and the cache does not grow without end."""
+    cache = tmp_path / "canary.json"
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF" + bytes(10))
+    decide(other, Runner(CanaryRun(0, "")), cache)
+    old_entry = {"repack": True, "model": "from before files were recorded"}
+    data = json.loads(cache.read_text())
+    data["older|key"] = old_entry
+    cache.write_text(json.dumps(data))
+    other.unlink()
+    decide(model, Runner(CanaryRun(0, "")), cache)
+    entries = json.loads(cache.read_text())
+    assert [e.get("file") for e in entries.values()] == [None, str(model.resolve())]
+    assert entries["older|key"] == old_entry
+
+
 def test_an_unwritable_cache_only_means_checking_again(model: Path, tmp_path: Path) -> None:
     cache = tmp_path / "no-such-dir" / "canary.json"
     assert decide(model, Runner(CanaryRun(0, "")), cache) == Verdict(True, "canary")

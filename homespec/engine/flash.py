@@ -134,5 +134,5 @@ def verdict(
     times = measure(make, filler)
     on, why = decide(times[False], times[True])
     LOG.info("%s: %s", name, why)
-    repack.remember(cache_file, _key(path), {"on": on, "why": why, "model": name})
+    repack.remember(cache_file, _key(path), {"on": on, "why": why, "model": name}, path)
     return FlashVerdict(on, "measured", why)

@@ -147,17 +147,26 @@ def read_cache(file: Path) -> dict[str, dict[str, object]]:
     return data if isinstance(data, dict) else {}
 
 
-def remember(file: Path, key: str, entry: dict[str, object]) -> None:
+def remember(file: Path, key: str, entry: dict[str, object], model_file: Path) -> None:
     """Best effort: a read-only cache only means the canary (or flash attention's measurement,
-    engine/flash.py) runs again next time."""
-    cache = read_cache(file)
-    cache[key] = entry
+    engine/flash.py) runs again next time. Verdicts on model files that are gone are dropped
+    as the cache is written (a model deleted or moved, a test's scratch copy): they can never
+    be asked for again, and the cache is read at every load."""
+    cache = {k: v for k, v in read_cache(file).items() if not _gone(v)}
+    cache[key] = {**entry, "file": str(model_file.resolve())}
     tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(cache, indent=1))
         os.replace(tmp, file)
     except OSError as exc:
         LOG.warning("could not remember a verdict in %s: %s", file, exc)
+
+
+def _gone(entry: object) -> bool:
+    """An entry about a model file that no longer exists (entries from before the file was
+    recorded in them stay)."""
+    name = entry.get("file") if isinstance(entry, dict) else None
+    return isinstance(name, str) and not Path(name).exists()
 
 
 Runner = Callable[[Path, int, bool], CanaryRun]
@@ -185,7 +194,7 @@ def verdict(
     LOG.info("canary: first decode of %s in a separate process…", model)
     first = runner(path, gpu_layers, True)
     if first.returncode == 0:
-        remember(cache_file, key, {"repack": True, "model": model})
+        remember(cache_file, key, {"repack": True, "model": model}, path)
         return Verdict(True, "canary")
     if not first.crashed:  # llama.cpp refused the file, or the logits were bad: not ours to judge
         why = first.stderr.splitlines()[-1] if first.stderr else first.signal_name
@@ -197,14 +206,14 @@ def verdict(
             "CPU (llama.cpp issue 20824: AMX); it loads without repacking here"
         )
         LOG.warning("%s", note)
-        remember(cache_file, key, {"repack": False, "model": model, "note": note})
+        remember(cache_file, key, {"repack": False, "model": model, "note": note}, path)
         return Verdict(False, "canary", note)
     broken = (
         f"llama.cpp crashes on {model} on this machine: {first.signal_name} with repacked "
         f"weights and {second.signal_name} without ({path})"
     )
     if second.crashed:
-        remember(cache_file, key, {"broken": broken, "model": model})
+        remember(cache_file, key, {"broken": broken, "model": model}, path)
     raise EngineError(broken, _BROKEN_HINT)
 
 
