@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from homespec.bench import Run, render_table, run_bench, summarize
+from homespec.bench import Run, render_table, run_bench, summarize, warm_up_modes
 from homespec.bench_remote import Remote, parse_against, run_remote
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
@@ -113,6 +113,21 @@ def test_only_auto_teaches_the_governor_what_drafts_are_kept() -> None:
 
     assert learned(["plain", "model", "ngram", "hybrid"]) == 0
     assert learned(["plain", "auto"]) > 0
+
+
+def test_the_warm_up_teaches_the_governor_and_the_memory_nothing() -> None:
+    """Other servers are warmed up with a greeting: auto warmed up on the workload's first
+    prompt would start that prompt knowing how its task's answers run."""
+    spec = PairSpec(target="t", draft="d", spec_min_max_tokens=0)
+    drafter = ModelDrafter(FakeTarget(decode_s=0))
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0), drafter, NgramDrafter(memory_tokens=4096))
+    warm_up_modes(rt, items()[0], ["plain", "auto", "ngram", "model"], 0.0)
+    ledger = rt.ledger
+    assert ledger.verify.points  # costs are measured all the same
+    tables = ledger.by_task.values()
+    assert sum(acc.tries[0] for table in tables for acc in table.values()) == 0
+    assert not ledger.answers and not ledger.upkeep and not ledger.shares
+    assert rt.ngram.memory is not None and len(rt.ngram.memory) == 0
 
 
 def test_against_another_server_the_memory_is_kept_across_repeats_as_theirs_is(

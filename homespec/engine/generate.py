@@ -377,7 +377,7 @@ def _steps(
         stats.threads, stats.threads_reason = adapter.state.threads, adapter.state.reason
         if adapter.note:
             stats.reason += f"; {adapter.note}"
-    if decision.drafter == "auto":
+    if decision.drafter == "auto" and req.learn:
         cut = stats.finish_reason == "length"
         ledger.observe_answer(req.task, stats.completion_tokens, cut=cut)
         ledger.observe_upkeep(req.task, later_ms, drafted)

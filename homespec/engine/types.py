@@ -35,9 +35,11 @@ class GenerationRequest:
     # Add this prompt and answer to the pair's n-gram memory (the bench turns it off for all
     # but one run of a prompt, so no mode drafts from another mode's answer to it).
     remember: bool = True
-    # Record how often this request's drafts were kept in the governor's acceptance (the bench
-    # turns it off but for `auto`, so auto is measured on what it learned by itself, as a
-    # server would be, not on what forced modes measured on the same prompts first).
+    # Teach the governor from this request: how often its drafts were kept, how long its answer
+    # ran, what the draft model's catch-ups cost and how much of it lookup committed (the bench
+    # turns it off but for `auto`'s measured runs, so auto is measured on what it learned by
+    # itself, as a server would be, not on what forced modes or warm-ups of the same prompts
+    # showed it first). Costs are measured either way.
     learn: bool = True
 
 
