@@ -139,6 +139,29 @@ def test_a_task_never_seen_is_expected_to_run_as_long_as_the_pairs_other_tasks_d
     assert ledger.horizon("sql", 4, room=500) == 2  # nor before UNKNOWN_WAIT
 
 
+def test_a_dear_catch_up_waits_for_the_answer_to_run_a_few_tokens_whatever_the_task() -> None:
+    """A task's typical length says little of the answer at hand where its answers differ (a
+    daemon's task-less clients share one table): a 6-token answer after 256-token ones paid
+    for catching the draft model up on its prompt and came at half plain's speed."""
+    ledger = Ledger()
+    ledger.observe_verify(1, 10.0)
+    ledger.observe_draft([(1, 4.0), (2, 7.0), (64, 120.0)])  # 46 tokens: about 86 ms
+    ledger.observe_answer("chat", 256)
+    assert ledger.horizon("chat", 1, room=255, lag=46) == 0  # over 2 plain steps: not yet
+    assert ledger.horizon("chat", 8, room=248, lag=46) == 256 - 8
+    assert ledger.horizon("chat", 1, room=255, lag=2) == 255  # its own lag: no catch-up
+    assert ledger.horizon("chat", 1, room=255, lag=5) == 255  # about 13 ms: cheap enough
+    gpu = Ledger()
+    gpu.observe_verify(1, 2.1)
+    gpu.observe_draft([(1, 1.1), (64, 2.6)])  # launch-bound: 46 tokens cost about one step
+    gpu.observe_answer("chat", 256)
+    assert gpu.horizon("chat", 1, room=255, lag=46) == 255
+    unmeasured = Ledger()  # no draft-model cost yet: half a target token each, as priced
+    unmeasured.verify = curve(10.0, 3.0)  # 46 tokens: 145 ms, half of it for the draft
+    unmeasured.observe_answer("chat", 256)
+    assert unmeasured.horizon("chat", 1, room=255, lag=46) == 0
+
+
 def test_a_tasks_later_catch_ups_are_priced_per_token_the_draft_model_commits() -> None:
     """observe_upkeep: the catch-ups after the draft model's first drafting in an answer, in
     ms per answer token its steps committed, weighed by how much it drafted."""

@@ -122,7 +122,8 @@ def _governed(
     rng: np.random.Generator,
     *,
     use_model: bool = True,
-    horizon: int = 0,
+    generated: int = 0,
+    room: int = 0,
 ) -> tuple[str, Proposal, Choice, int, list[int]]:
     """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
     up first: a match is known before the step), the draft model (when `use_model`), or none.
@@ -134,6 +135,7 @@ def _governed(
     match = rt.ngram.propose(history, k, params, rng).tokens
     draft = rt.draft if use_model else None
     lag = draft.lag(history) if draft else 0
+    horizon = ledger.horizon(task, generated, room, lag)
     inputs = ledger.inputs(
         task,
         has_model=draft is not None,
@@ -306,7 +308,6 @@ def _steps(
         source, proposal = "none", Proposal([])
         match: list[int] = []
         if decision.drafter == "auto" and k > 0:
-            horizon = ledger.horizon(req.task, stats.completion_tokens, room)
             source, proposal, last, lag, match = _governed(
                 rt,
                 req.task,
@@ -315,7 +316,8 @@ def _steps(
                 params,
                 rng,
                 use_model=decision.use_model,
-                horizon=horizon,
+                generated=stats.completion_tokens,
+                room=room,
             )
             used[source] = used.get(source, 0) + 1
             if source == "model" and used[source] > 1:

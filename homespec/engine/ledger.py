@@ -30,6 +30,9 @@ HORIZON_UNKNOWN = 64  # answer tokens expected of a task never seen, on a pair t
 SEED_WEIGHT = 4.0  # observations at position 2 that a new task's seed weighs (Ledger._new)
 UPKEEP_FADE = 0.8  # see observe_upkeep
 UNKNOWN_WAIT = 8  # answer tokens such a task's answer runs before a catch-up is spent on it
+# A catch-up dearer than this many plain steps also waits for UNKNOWN_WAIT answer tokens on a
+# task whose answers are known (see Ledger.horizon's `lag`)
+DEAR_CATCH_UP = 2.0
 SLOWDOWN_ALPHA = 0.2  # weight of one target decode in Ledger.slowdown
 # The machine's slowdown moved less than this factor since a cost was measured: it stands as
 # measured (Ledger._drift). (The curve's shape drifts too: on a 2-core VM one-token decodes went
@@ -205,7 +208,7 @@ class Ledger:
         ms, tokens = self.upkeep.get(task, (0.0, 0.0))
         return ms / tokens if tokens > 0 else 0.0
 
-    def horizon(self, task: str | None, generated: int, room: int) -> int:
+    def horizon(self, task: str | None, generated: int, room: int, lag: int = 0) -> int:
         """Answer tokens still expected, over which a draft model's catch-up may be spread,
         within the room left: the task's typical length less what is generated, and never
         less than half of what is generated. An answer that has outrun its task's typical
@@ -221,13 +224,41 @@ class Ledger:
         of such an answer is that it stops somewhere in there. (A rewrite of one sentence,
         asked with max_tokens 64, was expected to run 56 more tokens at its 8th; the draft
         model caught up on the prompt for a trial, and the answer ended at 23 tokens, 0.88×
-        plain.)"""
+        plain.)
+
+        Nor, for any task, before the answer has run UNKNOWN_WAIT tokens where the draft model
+        is `lag` tokens behind and catching up costs more than DEAR_CATCH_UP plain steps (0:
+        the catch-up is priced into one step, and not made). A task's typical length says
+        little about the answer at hand where its answers differ: a daemon whose clients send
+        no task keeps one table for all of them, and there a 6-token answer to a creative
+        prompt, after 256-token ones, caught the draft model up on the 23 tokens of its
+        prompt it did not share with the last chat first, and came at 0.47-0.66x plain in five
+        runs (1.04x with this). A cheap catch-up (a GPU's, or a few tokens') goes ahead."""
+        if generated < UNKNOWN_WAIT and self._dear(lag):
+            return 0
         typical = self.answers.get(task)
         if typical is None:
             unknown = min(self.typical_answer, generated + room / 2)
             typical = unknown if generated >= UNKNOWN_WAIT else 0.0
         left = max(typical - generated, generated / 2)
         return max(0, min(room, int(left)))
+
+    def _dear(self, lag: int) -> bool:
+        """Catching the draft model up on `lag` tokens costs over DEAR_CATCH_UP plain steps
+        (by its measured curve, else the target's scaled by a draft token's cost)."""
+        if lag <= RELAG:
+            return False
+        verify = self.verify_curve()
+        plain = verify.at(1)
+        if not plain:
+            return False
+        curve = self.draft_curve()
+        if len(curve.points) > 1:
+            cost = curve.at(lag) or 0.0
+        else:  # as governor.catch_up_ms prices it
+            per_token = curve.at(1) if curve.points else plain * DRAFT_COST_PRIOR
+            cost = (verify.at(lag) or 0.0) * (per_token or 0.0) / plain
+        return cost > DEAR_CATCH_UP * plain
 
     @property
     def typical_answer(self) -> float:
