@@ -250,18 +250,25 @@ class Inputs:
 
 def catch_up_ms(inp: Inputs) -> float:
     """What the draft model pays before it can draft: one batched decode of the tokens it has
-    not seen (committed by n-gram or plain steps), from the draft's own cost curve. Without
-    one (a single size measured), the target's curve scaled by the draft's relative cost: an
+    not seen (committed by n-gram or plain steps); see catch_up_cost."""
+    return catch_up_cost(inp.model_lag, inp.verify, inp.draft_ms, inp.draft_curve)
+
+
+def catch_up_cost(
+    lag: int, verify: CostCurve, draft_ms: float | None, draft_curve: CostCurve | None
+) -> float:
+    """ms of the draft model's decode of `lag` tokens, from its own cost curve. Without one (a
+    single size measured), the target's curve scaled by the draft's relative cost: an
     underestimate for a quantized draft, whose batches are compute-bound (on this CPU a Q4_1
     draft costs 0.4× the F32 target for one token but 1.7× for 256)."""
-    if inp.model_lag <= 0 or inp.draft_ms is None:
+    if lag <= 0 or draft_ms is None:
         return 0.0
-    if inp.draft_curve is not None and len(inp.draft_curve.points) > 1:
-        return inp.draft_curve.at(inp.model_lag) or 0.0
-    one, batch = inp.verify.at(1), inp.verify.at(inp.model_lag)
+    if draft_curve is not None and len(draft_curve.points) > 1:
+        return draft_curve.at(lag) or 0.0
+    one, batch = verify.at(1), verify.at(lag)
     if not one or batch is None:
         return 0.0
-    return batch * inp.draft_ms / one
+    return batch * draft_ms / one
 
 
 def relag_ms(inp: Inputs) -> float:

@@ -21,6 +21,7 @@ from homespec.engine.governor import (
     CostCurve,
     Inputs,
     Option,
+    catch_up_cost,
     match_bucket,
 )
 
@@ -248,17 +249,10 @@ class Ledger:
         (by its measured curve, else the target's scaled by a draft token's cost)."""
         if lag <= RELAG:
             return False
-        verify = self.verify_curve()
+        verify, curve = self.verify_curve(), self.draft_curve()
         plain = verify.at(1)
-        if not plain:
-            return False
-        curve = self.draft_curve()
-        if len(curve.points) > 1:
-            cost = curve.at(lag) or 0.0
-        else:  # as governor.catch_up_ms prices it
-            per_token = curve.at(1) if curve.points else plain * DRAFT_COST_PRIOR
-            cost = (verify.at(lag) or 0.0) * (per_token or 0.0) / plain
-        return cost > DEAR_CATCH_UP * plain
+        cost = catch_up_cost(lag, verify, self._draft_ms(curve), curve)
+        return plain is not None and cost > DEAR_CATCH_UP * plain
 
     @property
     def typical_answer(self) -> float:
@@ -362,6 +356,11 @@ class Ledger:
         drift = self.slowdown / then if then else 1.0
         return 1.0 if 1 / DRIFT_BAND < drift < DRIFT_BAND else drift
 
+    def _draft_ms(self, curve: CostCurve) -> float:
+        """A draft-model token's cost by `curve` (draft_curve), or a prior until it drafts once."""
+        measured = curve.at(1)
+        return measured if measured is not None else (self.verify.at(1) or 0.0) * DRAFT_COST_PRIOR
+
     def inputs(
         self,
         task: str | None,
@@ -376,12 +375,9 @@ class Ledger:
         """One step's view for `choose()` (the task's draft-model upkeep and lookup's share
         of its answers included)."""
         curve = self.draft_curve() if has_model else None
-        draft_ms = curve.at(1) if curve is not None else None
-        if has_model and draft_ms is None:  # not measured yet: a prior, until it drafts once
-            draft_ms = (self.verify.at(1) or 0.0) * DRAFT_COST_PRIOR
         return Inputs(
             self.verify_curve(),
-            draft_ms if has_model else None,
+            self._draft_ms(curve) if curve is not None else None,
             self.ngram_ms,
             self.acceptance(task, match_len),
             match,

@@ -31,7 +31,14 @@ from homespec.engine.neighbours import ThreadAdapter, physical_cores
 from homespec.errors import OutOfMemoryError
 from homespec.manifest import Manifest, PairSpec
 from homespec.pairs import PairFiles, inspect_pair, plan
-from homespec.planner import Arrangement, PairPlan, footprint_of, runtime_cost, uses_gpu
+from homespec.planner import (
+    Arrangement,
+    PairPlan,
+    cpu_only,
+    footprint_of,
+    runtime_cost,
+    uses_gpu,
+)
 from homespec.resources import RAM, Machine, cuda_used, probe_machine
 from homespec.sizes import fmt_size
 from homespec.workers import attach
@@ -237,9 +244,7 @@ def _load_model(
         n_ctx=a.n_ctx,
         n_batch=min(N_BATCH, a.n_ctx),
         threads=threads,
-        flash_attn=flash_attention(
-            pair, on_gpu=a.gpu is not None and a.target_gpu_layers > 0, measured=measured
-        ),
+        flash_attn=flash_attention(pair, on_gpu=not cpu_only(a), measured=measured),
         n_outputs_max=a.n_outputs if role == "target" else 1,
         crash_site=site,
         decode_site=Site.TARGET if role == "target" else Site.DRAFT,
