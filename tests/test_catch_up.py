@@ -127,7 +127,7 @@ def test_a_draft_model_never_measured_on_a_task_is_tried_there_and_then_judged()
         return out
 
     first = run(0.95)[0]
-    assert first.option == "model" and "trying the draft model" in first.reason, first
+    assert first.option == "model" and "trying the draft model on task 'poem'" in first.reason
     assert "catching up on 31 tokens first" in first.reason
     good = run(0.95)
     trial = [c for c in good if "trying" in c.reason]
@@ -167,7 +167,10 @@ def test_a_task_never_seen_spends_no_catch_up_on_a_few_token_answer() -> None:
         return choose(replace(inp, horizon=horizon))
 
     assert pick(0).option == pick(4).option == "none"
-    assert "trying the draft model" in pick(8).reason
+    assert "trying the draft model on task 'chat'" in pick(8).reason
+    # The table every request without a task shares is not called "this task"
+    untasked = ledger.inputs(None, has_model=True, match=0, max_k=8, model_lag=24, horizon=64)
+    assert "trying the draft model on requests that name no task" in choose(untasked).reason
 
 
 def test_a_task_is_not_tried_once_the_pair_measured_the_draft_model_on_another() -> None:

@@ -246,6 +246,7 @@ class Inputs:
     # The share of the task's answer tokens n-gram steps committed lately (0: unknown): the
     # draft model serves the rest, and a catch-up is spread over that part of the horizon.
     lookup_share: float = 0.0
+    task: str | None = None  # the request's task, for the reasons (None: it named none)
 
 
 def catch_up_ms(inp: Inputs) -> float:
@@ -446,7 +447,7 @@ def _trial(inp: Inputs, rival: float) -> Choice | None:
     k = min(max(caught_up.k, TRIAL_K), inp.max_k)
     behind = f", catching up on {inp.model_lag} tokens first" if inp.model_lag > 1 else ""
     why = (
-        f"governor: trying the draft model on this task ({k} tokens/step until it has "
+        f"governor: trying the draft model on {_task(inp.task)} ({k} tokens/step until it has "
         f"{TRIAL_TRIES} tries, {acc.tries[0]:.1f} so far), est "
         f"{caught_up.tokens_per_ms * plain_cost:.2f}× plain once caught up (accept "
         f"{caught_up.first_rate:.2f} at pos 1){behind}"
@@ -463,6 +464,12 @@ def _catch_ups(inp: Inputs, option: Option) -> str:
     if inp.model_lag > RELAG and inp.horizon and inp.lookup_share >= 0.05:
         out += f" (catch-up spread over the {1 - inp.lookup_share:.0%} of the answer lookup leaves)"
     return out
+
+
+def _task(task: str | None) -> str:
+    """Whose table a reason speaks of: a named task's, or the one that every request naming
+    no task shares (a daemon's OpenAI clients send none)."""
+    return f"task {task!r}" if task is not None else "requests that name no task"
 
 
 def _name(option: Option) -> str:

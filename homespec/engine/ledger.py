@@ -390,6 +390,7 @@ class Ledger:
             horizon,
             self.upkeep_ms(task),
             self.lookup_share(task),
+            task,
         )
 
 
