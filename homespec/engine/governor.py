@@ -50,6 +50,12 @@ EXPLORE_MAX_LAG = 8  # tokens a draft model may lag behind and still be explored
 # (Ledger._new) and the estimate has evidence behind it. (Forced on such a task anyway, a trial
 # caught the draft model up on a 125-token shell script it then drafted badly: 0.90× forced
 # n-gram on that answer, 1.03× on its task's three without.)
+# Where calibration measured the draft model's agreement with its target, its prior is that,
+# not a guess, and a draft model that, caught up and as right as measured, would not beat
+# plain decoding by the margin any new option needs (HYSTERESIS) is not tried. (Tried at
+# 0.8x the rival alone, the demo draft on the 2-core machine, estimated at 0.83-1.0x plain
+# caught up at its measured 97% as the costs wandered, caught up on a 21-token answer's
+# prompt for a trial: 48-51 tok/s on that answer, 82-87 where it was not made.)
 TRIAL_TRIES = 8
 TRIAL_K = 4
 TRIAL_FLOOR = 0.8
@@ -247,6 +253,7 @@ class Inputs:
     # draft model serves the rest, and a catch-up is spread over that part of the horizon.
     lookup_share: float = 0.0
     task: str | None = None  # the request's task, for the reasons (None: it named none)
+    agreement_measured: bool = False  # the draft model's prior is its measured agreement
 
 
 def catch_up_ms(inp: Inputs) -> float:
@@ -443,6 +450,8 @@ def _trial(inp: Inputs, rival: float) -> Choice | None:
         return None
     caught_up = best_k(replace(inp, model_lag=0), "model")
     if caught_up is None or caught_up.tokens_per_ms < TRIAL_FLOOR * rival:
+        return None
+    if inp.agreement_measured and caught_up.tokens_per_ms * plain_cost < 1 + HYSTERESIS:
         return None
     k = min(max(caught_up.k, TRIAL_K), inp.max_k)
     behind = f", catching up on {inp.model_lag} tokens first" if inp.model_lag > 1 else ""

@@ -391,6 +391,7 @@ class Ledger:
             self.upkeep_ms(task),
             self.lookup_share(task),
             task,
+            self.agreement is not None,
         )
 
 
