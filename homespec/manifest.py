@@ -272,6 +272,14 @@ class ServerSpec(_Strict):
     )
     max_tokens_limit: int = Field(4096, ge=1, description="largest max_tokens a request may ask")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body")
+    stream_interval_ms: float = Field(
+        25.0,
+        ge=0,
+        le=1000,
+        description="a stream's chunks after the first go out at most this often, the tokens "
+        "between travelling together (0: a chunk per engine step); each send costs the "
+        "daemon's Python a core the decoding threads need",
+    )
     shutdown_timeout_s: float = Field(
         30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish"
     )

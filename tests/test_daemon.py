@@ -217,6 +217,37 @@ def test_client_disconnect_stops_generation(daemon: Daemon) -> None:
     assert all(p["queue_depth"] == 0 for p in status["pairs"])
 
 
+def streamed_texts(url: str, body: dict[str, object]) -> list[str]:
+    """The content of each event of a streamed chat completion, in order."""
+    texts = []
+    with httpx.stream("POST", url + CHAT, json=body, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line.removeprefix("data: "))["choices"]:
+                    if choice["delta"].get("content"):
+                        texts.append(choice["delta"]["content"])
+    return texts
+
+
+def test_a_stream_sends_its_tokens_in_batches_and_loses_none(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    body = {"messages": user(LONG), "max_tokens": 80, "temperature": 0, "speculative": False}
+    whole = daemon.post(CHAT, {**body, "stream": False}).json()
+    text, n = whole["choices"][0]["message"]["content"], whole["usage"]["completion_tokens"]
+    assert n == 80
+    # A fake step takes 2 ms and stream_interval_ms defaults to 25: about 12 tokens an event.
+    batched = streamed_texts(daemon.url, {**body, "stream": True})
+    assert "".join(batched) == text and len(batched) < n / 3, batched
+    per_step = fake_daemon(tmp_path, server="stream_interval_ms = 0")
+    try:
+        events = streamed_texts(per_step.url, {**body, "stream": True})
+    finally:
+        per_step.stop()
+    assert "".join(events) == text and len(events) == n, events
+
+
 def read_log(daemon: Daemon) -> list[dict[str, object]]:
     lines = (daemon.state_dir / "requests.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
@@ -288,11 +319,12 @@ def test_progressive_start_serves_the_target_before_the_draft(daemon: Daemon) ->
 
 
 def test_kill_9_mid_stream_leaves_only_whole_log_lines(tmp_path: Path) -> None:
-    d = fake_daemon(tmp_path)
+    d = fake_daemon(tmp_path, env={"HOMESPEC_FAKE_DECODE_S": "0.01"})
     try:
         for _ in range(3):
             d.post(CHAT, {"messages": user("Hi"), "max_tokens": 6})
-        body = {"messages": user(LONG), "max_tokens": 300, "stream": True}
+        # 3 s of answer: the kill comes a few events (stream_interval_ms apart) into it.
+        body = {"messages": user(LONG), "max_tokens": 300, "stream": True, "speculative": False}
         with httpx.stream("POST", d.url + CHAT, json=body, timeout=60) as r:
             for n, _ in enumerate(r.iter_lines()):
                 if n == 4:

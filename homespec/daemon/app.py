@@ -50,6 +50,9 @@ from homespec.resources import Machine, probe_machine
 
 LOG = logging.getLogger("homespec.daemon")
 OPEN_PATHS = ("/health",)
+# A non-streamed answer is read whole: its chunks come from the engine this often, which is
+# also how soon a client that left is noticed (checked as each batch arrives).
+UNSTREAMED_BATCH_S = 0.1
 
 
 def _error(
@@ -362,16 +365,17 @@ async def _complete(
 
     headers = {"X-Request-Id": rid}
     if body.stream:
-        events = _sse(worker, req, env, notes, on_done)
+        interval_s = daemon.server.stream_interval_ms / 1000.0
+        events = _sse(worker, req, env, notes, on_done, interval_s)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     text: list[str] = []
     stats: GenerationStats | None = None
     try:
-        async for item in worker.stream(rid, req, on_done):
+        async for item in worker.stream(rid, req, on_done, batch_s=UNSTREAMED_BATCH_S):
             if isinstance(item, GenerationStats):
                 stats = item
             else:
-                text.append(item.text)
+                text.extend(c.text for c in item)
                 if await request.is_disconnected():
                     break  # leaving the loop stops generation
     except HomespecError as exc:
@@ -390,14 +394,16 @@ async def _sse(
     env: Envelope,
     notes: list[str],
     on_done: Callable[[Outcome], None],
+    interval_s: float,
 ) -> AsyncIterator[str]:
+    """One event per batch of tokens the engine sent together (server.stream_interval_ms)."""
     first = True
     try:
-        async for item in worker.stream(env.id, req, on_done):
+        async for item in worker.stream(env.id, req, on_done, batch_s=interval_s):
             if isinstance(item, GenerationStats):
                 yield env.last_chunk(item, homespec_extra(item, worker.name, notes))
-            elif item.text:
-                yield env.chunk(item.text, first=first)
+            elif text := "".join(c.text for c in item):
+                yield env.chunk(text, first=first)
                 first = False
     except HomespecError as exc:
         yield sse(error_body(str(exc), exc.openai_type))

@@ -407,11 +407,18 @@ class PairWorker:
         self.pending -= 1
 
     async def stream(
-        self, rid: str, req: GenerationRequest, on_done: Callable[[Outcome], None]
-    ) -> AsyncIterator[Chunk | GenerationStats]:
-        """Run an admitted `req` in the engine and yield its chunks, then its stats. A consumer
+        self,
+        rid: str,
+        req: GenerationRequest,
+        on_done: Callable[[Outcome], None],
+        *,
+        batch_s: float = 0.0,
+    ) -> AsyncIterator[list[Chunk] | GenerationStats]:
+        """Run an admitted `req` in the engine and yield its chunks, as the engine sent them
+        together (one token each), then its stats. A consumer
         that stops early cancels it (the engine stops at its next step). The outcome is
-        recorded once, before the consumer sees the end: a response is logged first."""
+        recorded once, before the consumer sees the end: a response is logged first.
+        `batch_s`: how often the engine sends chunks after the first (protocol.Generate)."""
         outcome = Outcome(None, "cancelled", "client disconnected")
         finished = False
         sent = 0
@@ -425,13 +432,12 @@ class PairWorker:
                 inbox: asyncio.Queue[object] = asyncio.Queue()
                 self._streams[rid] = inbox
                 try:
-                    engine.send(Generate(rid, req))
+                    engine.send(Generate(rid, req, batch_s))
                     while not finished:
                         msg = await inbox.get()
                         if isinstance(msg, Steps):
-                            for chunk in msg.chunks:
-                                sent += 1
-                                yield chunk
+                            sent += len(msg.chunks)
+                            yield msg.chunks
                             continue
                         finished = True
                         if isinstance(msg, tuple):  # the engine died under this request

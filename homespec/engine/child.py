@@ -28,6 +28,7 @@ import resource
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from multiprocessing.connection import Connection
@@ -67,7 +68,7 @@ from homespec.engine.protocol import (
     Steps,
     Stop,
 )
-from homespec.engine.types import GenerationStats
+from homespec.engine.types import Chunk, GenerationStats
 from homespec.errors import HomespecError
 from homespec.planner import PairPlan
 from homespec.resources import Machine
@@ -255,15 +256,23 @@ class Engine:
         rid = msg.rid
         with self.busy:
             gen = generate_steps(self.session.runtime, msg.req)
+            held: list[Chunk] = []  # chunks not yet sent (see Generate.batch_s)
+            sent_at: float | None = None
             try:
                 for item in gen:
                     if self._is_cancelled(rid):
                         self.send(Finished(rid, None, cancelled=True))
                         return
                     if isinstance(item, GenerationStats):
+                        if held:
+                            self.send(Steps(rid, held))
                         self.send(Finished(rid, item))
-                    else:
-                        self.send(Steps(rid, item))
+                        continue
+                    held += item
+                    now = time.monotonic()
+                    if sent_at is None or now - sent_at >= msg.batch_s:
+                        self.send(Steps(rid, held))
+                        held, sent_at = [], now
             except Exception as exc:
                 if not isinstance(exc, HomespecError):
                     LOG.exception("request %s failed", rid)

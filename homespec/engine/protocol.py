@@ -1,10 +1,10 @@
 """The messages between the daemon and a pair's engine child (pickled over a socket pair).
 
 The daemon sends `Load` once, then `Generate`, `Cancel`, `CountPrompt`, `AttachDraft`,
-`DetachDraft` and `Stop`; the child answers `Loaded` (or `LoadFailed`), then per request one
-`Steps` per verify step and a final `Finished`, and `Counted` / `DraftAttached` /
-`DraftDetached` as asked. Both sides are homespec
-of the same version, started together: pickle is the framing, not a public format.
+`DetachDraft` and `Stop`; the child answers `Loaded` (or `LoadFailed`), then per request
+`Steps` (one per verify step, or per `Generate.batch_s`) and a final `Finished`, and
+`Counted` / `DraftAttached` / `DraftDetached` as asked. Both sides are homespec of the same
+version, started together: pickle is the framing, not a public format.
 
 No llama_cpp here: the daemon imports this module.
 """
@@ -50,6 +50,11 @@ class DetachDraft:
 class Generate:
     rid: str
     req: GenerationRequest
+    # Seconds between two `Steps`: the first goes as soon as the first token is out, later
+    # steps' chunks wait and travel together until this much has passed since the last send
+    # (and the rest goes just before `Finished`). 0: one `Steps` per step. Each message wakes
+    # the daemon, whose Python then runs on a core the decoding threads need.
+    batch_s: float = 0.0
 
 
 @dataclass(frozen=True)
