@@ -5,8 +5,9 @@ engine child), same pair, prompts and settings, interleaved in one run.
     .venv/bin/python scripts/hop_bench.py [--pair NAME] [--repeat 3] [--json OUT.json]
 
 Three ways, same prompts, interleaved: in-process (`generate()` here), the engine child driven
-directly over its socket (the hop alone: one message per verify step), and the daemon (HTTP,
-streamed by default: every step also crosses the SSE stream). tok/s is measured by the caller
+directly over its socket (the hop alone: its messages batched as the daemon asks for a stream,
+`server.stream_interval_ms`), and the daemon (HTTP, streamed by default: every batch also
+crosses the SSE stream). tok/s is measured by the caller
 in each case: completion tokens over the wall time from sending the request to its end. The
 target is ≥ 0.97× of in-process.
 """
@@ -116,6 +117,7 @@ class Engine:
         os.close(site_fd)
         self.conn = Connection(ours.detach())
         self.conn.send(Load(manifest, pair, None, without_draft="plain bench"))
+        self.batch_s = manifest.spec.server.stream_interval_ms / 1000.0
         loaded = self.conn.recv()
         assert isinstance(loaded, Loaded), loaded
         self.n = 0
@@ -124,7 +126,7 @@ class Engine:
         self.n += 1
         req = GenerationRequest(messages=messages, max_tokens=max_tokens, speculative=False)
         t0 = time.perf_counter()
-        self.conn.send(Generate(str(self.n), req))
+        self.conn.send(Generate(str(self.n), req, self.batch_s))
         while True:
             msg = self.conn.recv()
             if isinstance(msg, Finished):
