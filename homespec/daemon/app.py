@@ -371,7 +371,8 @@ async def _complete(
     text: list[str] = []
     stats: GenerationStats | None = None
     try:
-        async for item in worker.stream(rid, req, on_done, batch_s=UNSTREAMED_BATCH_S):
+        batched = worker.stream(rid, req, on_done, batch_s=UNSTREAMED_BATCH_S, first_at_once=False)
+        async for item in batched:
             if isinstance(item, GenerationStats):
                 stats = item
             else:

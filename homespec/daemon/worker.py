@@ -413,12 +413,13 @@ class PairWorker:
         on_done: Callable[[Outcome], None],
         *,
         batch_s: float = 0.0,
+        first_at_once: bool = True,
     ) -> AsyncIterator[list[Chunk] | GenerationStats]:
         """Run an admitted `req` in the engine and yield its chunks, as the engine sent them
         together (one token each), then its stats. A consumer
         that stops early cancels it (the engine stops at its next step). The outcome is
         recorded once, before the consumer sees the end: a response is logged first.
-        `batch_s`: how often the engine sends chunks after the first (protocol.Generate)."""
+        `batch_s`, `first_at_once`: how the engine batches the chunks (protocol.Generate)."""
         outcome = Outcome(None, "cancelled", "client disconnected")
         finished = False
         sent = 0
@@ -432,7 +433,7 @@ class PairWorker:
                 inbox: asyncio.Queue[object] = asyncio.Queue()
                 self._streams[rid] = inbox
                 try:
-                    engine.send(Generate(rid, req, batch_s))
+                    engine.send(Generate(rid, req, batch_s, first_at_once))
                     while not finished:
                         msg = await inbox.get()
                         if isinstance(msg, Steps):
@@ -449,6 +450,9 @@ class PairWorker:
                             outcome = Outcome(None, "error", str(msg.failure))
                             raise_failure(msg.failure)
                         if msg.stats is not None:
+                            if msg.chunks:
+                                sent += len(msg.chunks)
+                                yield msg.chunks
                             outcome = Outcome(msg.stats, "ok")
                             self._finish(outcome, on_done)
                             yield msg.stats

@@ -257,16 +257,14 @@ class Engine:
         with self.busy:
             gen = generate_steps(self.session.runtime, msg.req)
             held: list[Chunk] = []  # chunks not yet sent (see Generate.batch_s)
-            sent_at: float | None = None
+            sent_at = None if msg.first_at_once else time.monotonic()
             try:
                 for item in gen:
                     if self._is_cancelled(rid):
                         self.send(Finished(rid, None, cancelled=True))
                         return
                     if isinstance(item, GenerationStats):
-                        if held:
-                            self.send(Steps(rid, held))
-                        self.send(Finished(rid, item))
+                        self.send(Finished(rid, item, chunks=held))
                         continue
                     held += item
                     now = time.monotonic()

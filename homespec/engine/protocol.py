@@ -2,7 +2,8 @@
 
 The daemon sends `Load` once, then `Generate`, `Cancel`, `CountPrompt`, `AttachDraft`,
 `DetachDraft` and `Stop`; the child answers `Loaded` (or `LoadFailed`), then per request
-`Steps` (one per verify step, or per `Generate.batch_s`) and a final `Finished`, and
+`Steps` (one per verify step, or per `Generate.batch_s`) and a final `Finished` (with the
+chunks still held), and
 `Counted` / `DraftAttached` / `DraftDetached` as asked. Both sides are homespec of the same
 version, started together: pickle is the framing, not a public format.
 
@@ -50,11 +51,13 @@ class DetachDraft:
 class Generate:
     rid: str
     req: GenerationRequest
-    # Seconds between two `Steps`: the first goes as soon as the first token is out, later
-    # steps' chunks wait and travel together until this much has passed since the last send
-    # (and the rest goes just before `Finished`). 0: one `Steps` per step. Each message wakes
-    # the daemon, whose Python then runs on a core the decoding threads need.
+    # Seconds between two `Steps`: steps' chunks wait and travel together until this much has
+    # passed since the last send (or since the start, for the first, unless `first_at_once`:
+    # a stream's first token goes as soon as it is out), and the rest rides on `Finished`.
+    # 0: one `Steps` per step. Each message wakes the daemon, whose Python then runs on a
+    # core the decoding threads need.
     batch_s: float = 0.0
+    first_at_once: bool = True
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,7 @@ class Finished:
     stats: GenerationStats | None  # None when cancelled or failed
     failure: Failure | None = None
     cancelled: bool = False
+    chunks: list[Chunk] = field(default_factory=list)  # the last ones, not yet sent in `Steps`
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,80 @@
+"""The engine child's side of batching (engine/child.py, protocol.Generate.batch_s): how many
+messages an answer takes and that no token is lost or reordered. The engine program runs over
+the scripted fake target (tests/fake_engine.py) in a process of its own, driven over a socket
+pair the way the daemon drives it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import pytest
+
+from homespec.engine.crashsite import CrashSite
+from homespec.engine.protocol import Finished, Generate, Load, Loaded, Steps, Stop
+from homespec.engine.types import GenerationRequest, Message
+from homespec.manifest import load_manifest
+
+from .daemon_process import FAKE_ENGINE, fake_manifest_file
+
+PROMPT = [Message("user", "forever a lighthouse keeper kept a very long watch. ")]
+
+
+@pytest.fixture()
+def engine(tmp_path: Path) -> Iterator[Connection]:
+    manifest = load_manifest(fake_manifest_file(tmp_path))
+    ours, theirs = socket.socketpair()
+    site, site_fd = CrashSite.shared()
+    cmd = [sys.executable, "-m", "tests.fake_engine", "--fd", str(theirs.fileno())]
+    cmd += ["--site-fd", str(site_fd), "--pair", "smollm2", "--log-level", "WARNING"]
+    env = {**os.environ, **FAKE_ENGINE, "HOMESPEC_FAKE_DECODE_S": "0.002"}
+    proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), site_fd), env=env)
+    theirs.close()
+    os.close(site_fd)
+    conn = Connection(ours.detach())
+    try:
+        conn.send(Load(manifest, "smollm2", None, without_draft="plain test"))
+        assert isinstance(conn.recv(), Loaded)
+        yield conn
+        conn.send(Stop())
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        conn.close()
+        site.close()
+
+
+def answer(
+    conn: Connection, rid: str, batch_s: float, first_at_once: bool
+) -> tuple[list[int], Finished, list[str]]:
+    """A 40-token answer: the chunk count of each `Steps`, the `Finished`, every token's text."""
+    req = GenerationRequest(messages=PROMPT, max_tokens=40, speculative=False)
+    conn.send(Generate(rid, req, batch_s, first_at_once))
+    steps: list[int] = []
+    texts: list[str] = []
+    while True:
+        msg = conn.recv()
+        assert isinstance(msg, Steps | Finished) and msg.rid == rid, msg
+        texts += [c.text for c in msg.chunks]
+        if isinstance(msg, Finished):
+            assert msg.stats is not None and msg.stats.completion_tokens == 40
+            return steps, msg, texts
+        steps.append(len(msg.chunks))
+
+
+def test_batching_changes_the_messages_not_the_tokens(engine: Connection) -> None:
+    steps, end, per_step = answer(engine, "a", 0.0, True)
+    assert steps == [1] * 40 and not end.chunks
+    # A stream: the first token at once, the other 39 (80 ms of fake steps) ride on Finished.
+    steps, end, stream = answer(engine, "b", 10.0, True)
+    assert steps == [1] and len(end.chunks) == 39
+    # An answer sent whole: nothing until the end.
+    steps, end, whole = answer(engine, "c", 10.0, False)
+    assert steps == [] and len(end.chunks) == 40
+    assert len(per_step) == 40 and per_step == stream == whole
