@@ -7,9 +7,8 @@ engine child), same pair, prompts and settings, interleaved in one run.
 Three ways, same prompts, interleaved: in-process (`generate()` here), the engine child driven
 directly over its socket (the hop alone: its messages batched as the daemon asks for a stream,
 `server.stream_interval_ms`), and the daemon (HTTP, streamed by default: every batch also
-crosses the SSE stream). tok/s is measured by the caller
-in each case: completion tokens over the wall time from sending the request to its end. The
-target is ≥ 0.97× of in-process.
+crosses the SSE stream). tok/s is measured by the caller in each case: completion tokens over
+the wall time from sending the request to its end. The target is ≥ 0.97× of in-process.
 """
 
 from __future__ import annotations

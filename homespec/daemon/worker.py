@@ -415,11 +415,11 @@ class PairWorker:
         batch_s: float = 0.0,
         first_at_once: bool = True,
     ) -> AsyncIterator[list[Chunk] | GenerationStats]:
-        """Run an admitted `req` in the engine and yield its chunks, as the engine sent them
-        together (one token each), then its stats. A consumer
-        that stops early cancels it (the engine stops at its next step). The outcome is
-        recorded once, before the consumer sees the end: a response is logged first.
-        `batch_s`, `first_at_once`: how the engine batches the chunks (protocol.Generate)."""
+        """Run an admitted `req` in the engine and yield its chunks (one per token) in the
+        batches the engine sent them in (`batch_s`, `first_at_once`: protocol.Generate),
+        then its stats. A consumer that stops early cancels it (the engine stops at its next
+        step). The outcome is recorded once, before the consumer sees the end: a response is
+        logged first."""
         outcome = Outcome(None, "cancelled", "client disconnected")
         finished = False
         sent = 0

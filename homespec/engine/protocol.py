@@ -3,9 +3,9 @@
 The daemon sends `Load` once, then `Generate`, `Cancel`, `CountPrompt`, `AttachDraft`,
 `DetachDraft` and `Stop`; the child answers `Loaded` (or `LoadFailed`), then per request
 `Steps` (one per verify step, or per `Generate.batch_s`) and a final `Finished` (with the
-chunks still held), and
-`Counted` / `DraftAttached` / `DraftDetached` as asked. Both sides are homespec of the same
-version, started together: pickle is the framing, not a public format.
+chunks still held), and `Counted` / `DraftAttached` / `DraftDetached` as asked. Both sides
+are homespec of the same version, started together: pickle is the framing, not a public
+format.
 
 No llama_cpp here: the daemon imports this module.
 """
