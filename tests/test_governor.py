@@ -10,6 +10,8 @@ from homespec.engine.governor import (
     EXPLORE_EVERY,
     EXPLORE_K,
     MATCH_PRIORS,
+    MAX_K,
+    MIN_REACH,
     PRIOR,
     Acceptance,
     CostCurve,
@@ -18,6 +20,7 @@ from homespec.engine.governor import (
     choose,
     expected_tokens,
     hand_over,
+    next_window,
 )
 from homespec.engine.ledger import Ledger
 
@@ -242,3 +245,21 @@ def test_an_answers_first_token_is_looked_up_where_verifying_is_cheap_only() -> 
         choose(ledger.inputs("chat", has_model=False, match=5, max_k=8, match_len=1)).option
         == "ngram"
     )
+
+
+def test_an_early_failure_narrows_the_answers_lookup_window_and_whole_drafts_widen_it() -> None:
+    assert next_window(MAX_K, 31, 2) == MIN_REACH  # kept 2 of 31: REACH_GROWTH × 3, at least 8
+    assert next_window(MAX_K, 31, 9) == 20  # kept 9: REACH_GROWTH × 10
+    assert next_window(8, 8, 8) == 16 and next_window(48, 48, 48) == MAX_K  # kept whole
+    assert next_window(MAX_K, 64, 40) == MAX_K  # failing late never widens past MAX_K
+
+
+def test_the_window_caps_long_lookup_drafts_only_where_verifying_them_is_dear() -> None:
+    # Acceptance learned on another answer says 64-token drafts pay; this answer's last one
+    # failed at its 3rd token.
+    cpu = replace(inputs(DEMO_TARGET, ngram=0.97), ngram_window=next_window(MAX_K, 31, 2))
+    assert choose(replace(cpu, ngram_window=MAX_K)).k > 16
+    assert choose(cpu).option == "ngram" and choose(cpu).k == MIN_REACH
+    # On a flat curve a failed 64-token draft costs less than two plain steps: no cap.
+    gpu = replace(cpu, verify=curve(2.1, 0.025))
+    assert choose(gpu).k == choose(replace(gpu, ngram_window=MAX_K)).k > 32

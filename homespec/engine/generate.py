@@ -22,7 +22,7 @@ import numpy as np
 
 from homespec.engine.chat_text import chat_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
-from homespec.engine.governor import Choice, choose, hand_over
+from homespec.engine.governor import MAX_K, Choice, choose, hand_over, next_window
 from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
@@ -124,11 +124,13 @@ def _governed(
     use_model: bool = True,
     generated: int = 0,
     room: int = 0,
+    window: int = MAX_K,
 ) -> tuple[str, Proposal, Choice, int, list[int]]:
     """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
     up first: a match is known before the step), the draft model (when `use_model`), or none.
     A draft model hands its proposal over to n-gram lookup part-way where the governor says
-    lookup's continuation is worth more than its own next drafts (`hand_over`). The last
+    lookup's continuation is worth more than its own next drafts (`hand_over`). `window`:
+    the answer's cap on a lookup proposal (governor.next_window). The last
     values: how far behind the history the draft model was (0 unless it drafted), and what
     lookup had to propose (whichever ran: see learn_unused_match)."""
     ledger = rt.ledger
@@ -145,6 +147,7 @@ def _governed(
         match_len=rt.ngram.match_len,
         horizon=horizon,
     )
+    inputs = replace(inputs, ngram_window=window)
     choice = choose(inputs)
     ledger.chose(choice.option)
     if choice.option == "ngram":
@@ -300,6 +303,7 @@ def _steps(
     drafted = 0  # answer tokens the draft model's steps committed
     later_ms = 0.0  # what its catch-ups after its first drafting cost (Ledger.observe_upkeep)
     by_lookup = 0  # answer tokens n-gram steps committed (Ledger.observe_lookup_share)
+    window = MAX_K  # lookup's cap in this answer (governor.next_window)
     while not done:
         room = min(max_new - stats.completion_tokens, rt.target.n_ctx - len(history)) - 1
         k = step_tokens(decision, room=room, max_outputs=rt.target.n_outputs_max)
@@ -318,6 +322,7 @@ def _steps(
                 use_model=decision.use_model,
                 generated=stats.completion_tokens,
                 room=room,
+                window=window,
             )
             used[source] = used.get(source, 0) + 1
             if source == "model" and used[source] > 1:
@@ -335,6 +340,8 @@ def _steps(
             adapter.observe(len(drafts) + 1, ms)
         stats.verify_steps += 1
         n_kept, following = verify(drafts, proposal.probs, logits, params, rng)
+        if source == "ngram" and drafts:
+            window = next_window(window, len(drafts), n_kept)
         if drafts:
             stats.draft_steps += 1
             stats.proposed_tokens += len(drafts)

@@ -61,6 +61,11 @@ TRIAL_K = 4
 TRIAL_FLOOR = 0.8
 TRIAL_SHARE = 0.15
 RELAG = 2  # a draft model this far behind is every step's own lag, not a catch-up (relag_ms)
+# An answer's own n-gram window (next_window): after a lookup draft of its failed early, the
+# next is at most REACH_GROWTH × what was kept (MIN_REACH at least), doubling back while
+# drafts are kept whole; never below the longest draft that costs at most CHEAP_VERIFY plain
+# steps to verify (on a GPU that is all of them: the window never binds there).
+CHEAP_VERIFY = 2.0
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
 STRETCH = 0.9  # an untried draft-model position: this times the estimate of the one before it
 MIN_REACH = 8  # drafts may always be this long; longer only REACH_GROWTH × the deepest tried
@@ -254,6 +259,7 @@ class Inputs:
     lookup_share: float = 0.0
     task: str | None = None  # the request's task, for the reasons (None: it named none)
     agreement_measured: bool = False  # the draft model's prior is its measured agreement
+    ngram_window: int = MAX_K  # this answer's cap on a lookup proposal (next_window)
 
 
 def catch_up_ms(inp: Inputs) -> float:
@@ -306,7 +312,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     acc = inp.acceptance[option]
     once = relag = upkeep = share = 0.0
     if option == "ngram":
-        limit, per_token, fixed = min(inp.ngram_match, inp.max_k), 0.0, inp.ngram_ms
+        limit, per_token, fixed = _windowed(inp, min(inp.ngram_match, inp.max_k)), 0.0, inp.ngram_ms
         stretch = 1.0
     elif inp.draft_ms is None:
         return None
@@ -483,3 +489,37 @@ def _task(task: str | None) -> str:
 
 def _name(option: Option) -> str:
     return {"none": "plain", "ngram": "n-gram", "model": "draft model"}[option]
+
+
+def next_window(window: int, proposed: int, kept: int) -> int:
+    """This answer's cap on lookup's next proposal, after one of `proposed` tokens of which
+    `kept` were kept: like a congestion window, cut to REACH_GROWTH × (kept + 1) by a
+    failure, doubled by a draft kept whole. An answer starts at MAX_K.
+
+    Acceptance is learned per task and match length, and a task's answers differ: after a
+    JSON extraction that copied its notes 30 tokens at a time, a summary of the same notes
+    drew 4-token matches priced at 0.85 per position, drafted 31-64 tokens a step, and kept
+    1-9 of them; at the CPU's costs that answer ran 0.86× plain (fixed-cost replay), 1.01×
+    with the window. The task's table learns too, but per position, and a draft that fails
+    at its 3rd token teaches nothing of its 30th."""
+    if kept < proposed:
+        return min(MAX_K, max(MIN_REACH, REACH_GROWTH * (kept + 1)))
+    return min(MAX_K, window * 2)
+
+
+def _windowed(inp: Inputs, limit: int) -> int:
+    """`limit` within the answer's window (next_window), which never cuts a draft below the
+    longest one that costs at most CHEAP_VERIFY plain steps to verify: where long drafts are
+    about free (a GPU), a stale estimate costs little and the window would only cost wins."""
+    if inp.ngram_window >= limit:
+        return limit
+    one = inp.verify.at(1)
+    if one is None:
+        return min(limit, inp.ngram_window)
+    cheap = 0
+    for n in range(inp.ngram_window + 1, limit + 1):
+        cost = inp.verify.at(n + 1)
+        if cost is None or cost > CHEAP_VERIFY * one:
+            break
+        cheap = n
+    return max(inp.ngram_window, cheap)
