@@ -217,37 +217,6 @@ def test_client_disconnect_stops_generation(daemon: Daemon) -> None:
     assert all(p["queue_depth"] == 0 for p in status["pairs"])
 
 
-def streamed_texts(url: str, body: dict[str, object]) -> list[str]:
-    """The content of each event of a streamed chat completion, in order."""
-    texts = []
-    with httpx.stream("POST", url + CHAT, json=body, timeout=30) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                for choice in json.loads(line.removeprefix("data: "))["choices"]:
-                    if choice["delta"].get("content"):
-                        texts.append(choice["delta"]["content"])
-    return texts
-
-
-def test_a_stream_sends_its_tokens_in_batches_and_loses_none(
-    daemon: Daemon, tmp_path: Path
-) -> None:
-    body = {"messages": user(LONG), "max_tokens": 80, "temperature": 0, "speculative": False}
-    whole = daemon.post(CHAT, {**body, "stream": False}).json()
-    text, n = whole["choices"][0]["message"]["content"], whole["usage"]["completion_tokens"]
-    assert n == 80
-    # A fake step takes 2 ms and stream_interval_ms defaults to 25: about 12 tokens an event.
-    batched = streamed_texts(daemon.url, {**body, "stream": True})
-    assert "".join(batched) == text and len(batched) < n / 3, batched
-    per_step = fake_daemon(tmp_path, server="stream_interval_ms = 0")
-    try:
-        events = streamed_texts(per_step.url, {**body, "stream": True})
-    finally:
-        per_step.stop()
-    assert "".join(events) == text and len(events) == n, events
-
-
 def read_log(daemon: Daemon) -> list[dict[str, object]]:
     lines = (daemon.state_dir / "requests.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]

@@ -146,8 +146,8 @@ def _governed(
         model_lag=lag,
         match_len=rt.ngram.match_len,
         horizon=horizon,
+        ngram_window=window,
     )
-    inputs = replace(inputs, ngram_window=window)
     choice = choose(inputs)
     ledger.chose(choice.option)
     if choice.option == "ngram":

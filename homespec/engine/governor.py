@@ -312,12 +312,13 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     acc = inp.acceptance[option]
     once = relag = upkeep = share = 0.0
     if option == "ngram":
-        limit, per_token, fixed = _windowed(inp, min(inp.ngram_match, inp.max_k)), 0.0, inp.ngram_ms
-        stretch = 1.0
+        limit, per_token, fixed = min(inp.ngram_match, inp.max_k), 0.0, inp.ngram_ms
+        stretch, window = 1.0, inp.ngram_window
     elif inp.draft_ms is None:
         return None
     else:
         limit, per_token, fixed = inp.max_k, inp.draft_ms, 0.0
+        window = MAX_K
         # Behind by 1 or 2 tokens is every step's own lag (see relag_ms), priced per step;
         # further behind is a catch-up, paid once.
         once = catch_up_ms(inp) if inp.model_lag > RELAG else 0.0
@@ -335,6 +336,10 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     # 89-token prompt of a paragraph rewrite, a task whose answers lookup had mostly
     # committed, for an estimated 1.12x plain, and that answer ran 0.77x forced n-gram.)
     spread = inp.horizon * (1.0 - share)
+    # Lookup past the answer's window (next_window) only while verifying the draft costs at
+    # most CHEAP_VERIFY plain steps: where long drafts are about free (a GPU), a stale
+    # estimate costs little and the window would only cost wins.
+    cheap = CHEAP_VERIFY * (inp.verify.at(1) or 0.0)
     best: Estimate | None = None
     previous = 1.0
     lengths = expected_by_length(acc, prior, stretch)
@@ -343,6 +348,8 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
         cost = inp.verify.at(k + 1)
         if cost is None:
             return None
+        if k > window and cost > cheap:
+            break
         step = cost + fixed + relag * survive + per_token * k
         span = max(spread, tokens)  # the tokens the catch-up is spread over
         tpm = span / (once + span * (step / tokens + upkeep))
@@ -505,21 +512,3 @@ def next_window(window: int, proposed: int, kept: int) -> int:
     if kept < proposed:
         return min(MAX_K, max(MIN_REACH, REACH_GROWTH * (kept + 1)))
     return min(MAX_K, window * 2)
-
-
-def _windowed(inp: Inputs, limit: int) -> int:
-    """`limit` within the answer's window (next_window), which never cuts a draft below the
-    longest one that costs at most CHEAP_VERIFY plain steps to verify: where long drafts are
-    about free (a GPU), a stale estimate costs little and the window would only cost wins."""
-    if inp.ngram_window >= limit:
-        return limit
-    one = inp.verify.at(1)
-    if one is None:
-        return min(limit, inp.ngram_window)
-    cheap = 0
-    for n in range(inp.ngram_window + 1, limit + 1):
-        cost = inp.verify.at(n + 1)
-        if cost is None or cost > CHEAP_VERIFY * one:
-            break
-        cheap = n
-    return max(inp.ngram_window, cheap)

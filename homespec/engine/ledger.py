@@ -371,6 +371,7 @@ class Ledger:
         model_lag: int = 0,
         match_len: int = 0,
         horizon: int = 0,
+        ngram_window: int = MAX_K,
     ) -> Inputs:
         """One step's view for `choose()` (the task's draft-model upkeep and lookup's share
         of its answers included)."""
@@ -392,6 +393,7 @@ class Ledger:
             self.lookup_share(task),
             task,
             self.agreement is not None,
+            ngram_window,
         )
 
 
