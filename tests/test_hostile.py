@@ -314,6 +314,11 @@ MANIFESTS = [
         "'ghost'",
     ),
     (
+        "a negative stream interval",
+        '[server]\nstream_interval_ms = -5\n[models.t]\npath = "TINY"\n' + GOOD_PAIR,
+        "server.stream_interval_ms",
+    ),
+    (
         "a worker timeout of zero",
         '[workers.w]\nendpoint = "h:1"\nconnect_timeout_s = 0\n[models.t]\npath = "TINY"\n'
         + GOOD_PAIR,
