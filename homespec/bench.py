@@ -372,7 +372,7 @@ def bench_pair(
             "give each server its own label: --against LABEL=URL",
         )
     progress("bench: loading the pair and filling its contexts once (to measure memory)…")
-    with load_pair(manifest, name, measure_peak=True) as loaded:
+    with load_pair(manifest, name, measure_peak=True, huge_pages="now") as loaded:
         rt = loaded.runtime
         memory = memory_rows(loaded)
         calibrate(rt)  # the governor ("auto") starts from this machine's costs

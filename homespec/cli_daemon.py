@@ -151,6 +151,8 @@ def status(url: str | None, as_json: bool) -> None:
                 f"{'':<14} workers: target layers {spread or 'none'}"
                 + (f"; DOWN: {down} (re-planned when back)" if down else "")
             )
+        for note in plan.get("notes") or []:
+            click.echo(f"{'':<14} note: {note}")
         engine = p.get("engine") or {}
         if engine.get("pid"):
             held = ", ".join(f"{d} {fmt_size(n)}" for d, n in (engine.get("memory") or {}).items())
@@ -174,6 +176,12 @@ def status(url: str | None, as_json: bool) -> None:
         for role, v in (p.get("repack") or {}).items():
             if v.get("note"):
                 click.echo(f"{'':<14} {role}: {v['note']}")
+        for role, hp in (p.get("huge_pages") or {}).items():
+            note = f": {hp['note']}" if hp.get("note") else ""
+            click.echo(
+                f"{'':<14} {role}: {fmt_size(hp['huge'])} of {fmt_size(hp['bytes'])} in 2 MiB "
+                f"pages{note}"
+            )
 
 
 @click.command()

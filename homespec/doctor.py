@@ -113,7 +113,7 @@ def check_pair(
     _check_models(manifest, report)
     try:
         files = inspect_pair(manifest, name)
-        report.plan = plan(manifest, files, machine)
+        report.plan = plan(manifest, files, machine, kept=True)  # as the daemon plans it
     except HomespecError as err:
         report.status, report.error = BROKEN, str(err)
         return report
@@ -190,6 +190,7 @@ def machine_dict(m: Machine) -> dict[str, Any]:
             "down": dict(m.workers_down),
         },
         "cpu_threads": m.cpu_threads,
+        "transparent_huge_pages": m.thp,
         "notes": list(m.notes),
     }
 
@@ -234,6 +235,8 @@ def render_machine(m: Machine) -> list[str]:
     for device, budget in sorted(m.budgets.items()):
         lines.append(f"  budget {device:<12} {fmt_size(budget)} (homespec plans no more there)")
     lines.append(f"  CPU threads         {m.cpu_threads}")
+    if m.thp is not None:
+        lines.append(f"  huge pages          transparent, {m.thp}")
     lines += [f"  note: {n}" for n in m.notes]
     return lines
 
@@ -339,6 +342,11 @@ def render_pair(r: PairReport) -> list[str]:
         lines += render_plan_table(r.plan)
         lines.append(f"  plan    {a.rung} → {a.mode}: {r.plan.reason}")
         lines += [f"  note    {n}" for n in r.plan.notes]
+        if r.plan.huge_pages:
+            lines.append(
+                "  pages   served, the weights in RAM are read into 2 MiB pages (huge_pages): "
+                "faster decoding, a longer load"
+            )
     if r.measured:
         lines.append("  measured (peak, after filling the context once)")
         lines += ["    " + line for line in render_memory(r.measured).splitlines()]

@@ -144,6 +144,12 @@ class PairSpec(_Strict):
         "0 = CPU only, N = at most N; ignored without a GPU build of llama.cpp",
     )
     draft_gpu_layers: int = Field(-1, ge=-1, description="the same for the draft model")
+    huge_pages: bool = Field(
+        True,
+        description="where the daemon (or bench) keeps the pair loaded on Linux with transparent "
+        "huge pages: read the weights held in RAM into memory of their own and back it with 2 MiB "
+        "pages (faster decoding; a longer load, and only with RAM to spare). false: map the file",
+    )
     target_workers: list[Name] = Field(
         default_factory=list,
         description="RPC workers ([workers]) the target's layers may spread over, with this "

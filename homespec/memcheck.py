@@ -42,7 +42,8 @@ def memory_rows(loaded: LoadedPair) -> list[dict[str, Any]]:
 
 def main(argv: list[str]) -> int:
     manifest_path, pair = argv
-    with load_pair(load_manifest(manifest_path), pair, measure_peak=True) as loaded:
+    manifest = load_manifest(manifest_path)
+    with load_pair(manifest, pair, measure_peak=True, huge_pages="now") as loaded:
         rows = memory_rows(loaded)
         calibrate(loaded.runtime)
         ledger = loaded.runtime.ledger

@@ -58,7 +58,8 @@ def declared_mode(manifest: Manifest, files: PairFiles) -> PlanMode:
     return "speculative" if files.draft is not None else "ngram"
 
 
-def plan_request(manifest: Manifest, files: PairFiles) -> PairRequest:
+def plan_request(manifest: Manifest, files: PairFiles, *, kept: bool = False) -> PairRequest:
+    """`kept`: the pair stays loaded (the daemon, bench, doctor), so huge pages may pay."""
     _, pair = manifest.pair(files.name)
     return PairRequest(
         name=files.name,
@@ -71,6 +72,7 @@ def plan_request(manifest: Manifest, files: PairFiles) -> PairRequest:
         gpu_layers=pair.gpu_layers,
         draft_gpu_layers=pair.draft_gpu_layers,
         cpu_flash=cpu_flash(pair, files.target.path),
+        huge_pages=kept and pair.huge_pages,
     )
 
 
@@ -93,10 +95,11 @@ def machine_budgets(manifest: Manifest, machine: Machine) -> Machine:
     return machine.with_budgets(budgets_from(manifest.spec.memory.budget, str(manifest.path)))
 
 
-def plan(manifest: Manifest, files: PairFiles, machine: Machine) -> PairPlan:
-    """The pair's plan on this machine (budgets applied), with notes on what it ignores."""
+def plan(manifest: Manifest, files: PairFiles, machine: Machine, *, kept: bool = False) -> PairPlan:
+    """The pair's plan on this machine (budgets applied), with notes on what it ignores.
+    `kept`: for a pair that stays loaded (see plan_request)."""
     _, pair = manifest.pair(files.name)
-    req = with_workers(plan_request(manifest, files), pair, machine)
+    req = with_workers(plan_request(manifest, files, kept=kept), pair, machine)
     p = plan_pair(req, machine_budgets(manifest, machine))
     notes = list(p.notes)
     down = [w for w in pair.target_workers if not any(r.worker == w for r in machine.remotes)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from homespec.engine.pages import choose
 from homespec.footprint import KV_CELL_PAD, Footprint, estimate, kv_cells
 from homespec.gguf_meta import GGUFInfo
 from homespec.resources import RAM, Gpu, Machine
@@ -100,6 +101,9 @@ class PairPlan:
     notes: tuple[str, ...] = ()
     shortfall: str = ""  # when degraded: which device ran short for the declared arrangement
     workers_down: tuple[str, ...] = ()  # declared RPC workers planned without (unreachable)
+    # Read the weights held in RAM into memory of their own and back it with 2 MiB pages
+    # (engine/pages.py); why not, when asked and not, is in `notes`.
+    huge_pages: bool = False
 
     @property
     def rung(self) -> str:
@@ -147,6 +151,7 @@ class PairPlan:
             "n_outputs": a.n_outputs,
             "devices": [d.to_dict() for d in self.devices],
             "workers_down": list(self.workers_down),
+            "huge_pages": self.huge_pages,
             "notes": list(self.notes),
         }
 
@@ -168,6 +173,8 @@ class PairRequest:
     # Flash attention where the pair runs on the CPU only: "on", or "auto" with this machine's
     # remembered verdict (engine/flash.py; none yet: planned without, the larger buffers)
     cpu_flash: bool = False
+    # models.toml's huge_pages, for a pair kept loaded (the daemon, bench): `ask` loads once
+    huge_pages: bool = False
 
 
 def uses_gpu(a: Arrangement, role: str) -> bool:
@@ -423,6 +430,35 @@ def _what(a: Arrangement, req: PairRequest) -> str:
     return text
 
 
+def _layers_in_ram(req: PairRequest, a: Arrangement) -> bool:
+    """Some layer of either model computes from RAM (more than the token embedding's one row
+    per token, which stays in RAM on any GPU)."""
+    n = req.target.block_count + 1
+    on_gpu = (n if a.target_gpu_layers < 0 else min(a.target_gpu_layers, n)) if a.gpu else 0
+    if on_gpu + sum(c for _, c in a.remote) < n:
+        return True
+    if a.draft_gpu_layers is None or req.draft is None:
+        return False
+    draft_n = req.draft.block_count + 1
+    return a.gpu is None or 0 <= a.draft_gpu_layers < draft_n
+
+
+def huge_pages(
+    req: PairRequest, machine: Machine, a: Arrangement, uses: tuple[DeviceUse, ...]
+) -> tuple[bool, str]:
+    """engine/pages.choose() for this plan: its weights in RAM and the RAM left after it."""
+    ram = next((u for u in uses if u.device == RAM), None)
+    if ram is None or not _layers_in_ram(req, a):
+        return False, ""
+    weights = ram.target_weights + ram.draft_weights
+    return choose(req.huge_pages, machine.thp, weights=weights, left=ram.free - ram.need)
+
+
+def _fitted(req: PairRequest, machine: Machine, p: PairPlan) -> PairPlan:
+    on, note = huge_pages(req, machine, p.arrangement, p.devices)
+    return replace(p, huge_pages=on, notes=(*p.notes, note) if note else p.notes)
+
+
 def plan_pair(req: PairRequest, machine: Machine) -> PairPlan:
     """The first arrangement of the ladder that fits, with a reason a person can act on."""
     ladder = candidates(req, machine)
@@ -431,10 +467,14 @@ def plan_pair(req: PairRequest, machine: Machine) -> PairPlan:
         uses = evaluate(req, machine, a)
         if all(u.fits for u in uses):
             if a == first:
-                return PairPlan(req.name, a, f"as declared: {_what(a, req)}", False, a.rung, uses)
+                declared = PairPlan(
+                    req.name, a, f"as declared: {_what(a, req)}", False, a.rung, uses
+                )
+                return _fitted(req, machine, declared)
             short = _shortfall(evaluate(req, machine, first))
             reason = f"{_what(first, req)} does not fit ({short}): falling back to {_what(a, req)}"
-            return PairPlan(req.name, a, reason, True, first.rung, uses, shortfall=short)
+            fallen = PairPlan(req.name, a, reason, True, first.rung, uses, shortfall=short)
+            return _fitted(req, machine, fallen)
     smallest = replace(ladder[-1])
     uses = evaluate(req, machine, smallest)
     missing = sum(max(0, u.need - u.free) for u in uses)

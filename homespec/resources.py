@@ -82,6 +82,8 @@ class Machine:
     notes: tuple[str, ...] = ()
     remotes: tuple[Remote, ...] = ()  # reachable RPC workers' devices
     workers_down: Mapping[str, str] = field(default_factory=dict)  # worker name → why not usable
+    # Linux transparent huge pages: "always", "madvise" or "never"; None where there are none
+    thp: str | None = None
 
     @property
     def usable_gpus(self) -> tuple[Gpu, ...]:
@@ -290,6 +292,20 @@ def parse_backends(system_info: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(re.findall(r"(?:^|\|\s*)([A-Za-z][\w-]*) : ", system_info)))
 
 
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def probe_thp(path: Path = THP_SETTING) -> str | None:
+    """The system's transparent huge page setting ("always [madvise] never" → "madvise"), None
+    where the file is missing (not Linux, or a kernel without them)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    chosen = re.search(r"\[(\w+)\]", text)
+    return chosen.group(1) if chosen else None
+
+
 def probe_machine(
     *,
     backend_info: Callable[[], tuple[str, bool]] | None = None,
@@ -318,6 +334,7 @@ def probe_machine(
         gpu_offload=offload,
         cpu_threads=psutil.cpu_count(logical=True) or os.cpu_count() or 1,
         notes=tuple(notes),
+        thp=probe_thp(),
     )
 
 

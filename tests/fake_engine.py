@@ -130,6 +130,9 @@ class FakeSession:
             self._runtime.draft = None
             self._runtime.draft_unavailable_reason = reason
 
+    def settle_pages(self) -> None:
+        pass  # nothing of its own in memory to back with huge pages
+
     def close(self) -> None:
         pass
 

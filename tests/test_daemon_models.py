@@ -39,6 +39,13 @@ def test_the_demo_pair_answers_speculatively_through_the_sdk_and_status_counts_t
         pair = d.get("/homespec/status").json()["pairs"][0]
         assert pair["memory_planned"]["ram"]["draft"] > 0 and pair["models"]["draft_loaded"]
         assert pair["engine"]["memory"]["ram"] > 400 * 2**20  # the F32 target alone is 513 MiB
+        # Huge pages (engine/pages.py): what the engine got, or the plan's note on why not.
+        if pair["plan"]["huge_pages"]:
+            huge = pair["huge_pages"]  # settled before the draft was handed over
+            assert set(huge) == {"target", "draft"}
+            assert huge["target"]["bytes"] > 500 * 2**20
+        else:
+            assert pair["huge_pages"] == {}
         assert json.loads((d.state_dir / "requests.jsonl").read_text())["outcome"] == "ok"
     finally:
         d.stop()

@@ -292,3 +292,49 @@ def test_plan_dict_is_the_documented_shape() -> None:
         "free",
         "fits",
     } == set(dev)
+
+
+# --- huge pages (engine/pages.py) -------------------------------------------------------------
+
+
+def test_a_kept_cpu_pair_with_room_reads_its_weights_into_huge_pages() -> None:
+    p = plan_pair(request(huge_pages=True), replace(box(32), thp="madvise"))
+    assert p.huge_pages and not any("huge pages" in n for n in p.notes)
+    # `ask` loads once: never (the longer load would not pay), and nothing to say about it
+    once = plan_pair(request(), replace(box(32), thp="always"))
+    assert not once.huge_pages and once.notes == ()
+
+
+def test_huge_pages_say_why_not_where_the_system_has_them_off() -> None:
+    p = plan_pair(request(huge_pages=True), replace(box(32), thp="never"))
+    assert not p.huge_pages
+    assert any('"never"' in n and "memory-mapped" in n for n in p.notes)
+    # no transparent huge pages at all (not Linux): nothing to act on, nothing said
+    mac = plan_pair(request(huge_pages=True), box(32))
+    assert not mac.huge_pages and mac.notes == ()
+
+
+def test_huge_pages_need_room_left_after_the_plan() -> None:
+    roomy = plan_pair(request(huge_pages=True), replace(box(32), thp="madvise"))
+    ram = next(u for u in roomy.devices if u.device == RAM)
+    # Free RAM that fits the pair with 1 GiB less to spare than huge pages ask for.
+    need = ram.need + RAM_RESERVE + max(GiB, (ram.target_weights + ram.draft_weights) // 4)
+    tight_box = replace(box((need - 64 * MiB) / GiB), thp="madvise")
+    tight = plan_pair(request(huge_pages=True), tight_box)
+    assert (tight.rung, tight.degraded) == ("co-load", False)  # the pair itself still fits
+    assert not tight.huge_pages
+    assert any("left after the plan" in n and "drop and re-read" in n for n in tight.notes)
+    enough = plan_pair(
+        request(huge_pages=True), replace(box((need + 64 * MiB) / GiB), thp="madvise")
+    )
+    assert enough.huge_pages
+
+
+def test_huge_pages_only_where_layers_compute_from_ram() -> None:
+    gpu = replace(box(32, gpu_gib=20), thp="always")
+    on_card = plan_pair(request(huge_pages=True), gpu)
+    assert on_card.rung == "co-load" and not on_card.huge_pages and on_card.notes == ()
+    draft_in_ram = plan_pair(request(huge_pages=True, draft_gpu_layers=0), gpu)
+    assert draft_in_ram.rung == "draft-on-cpu" and draft_in_ram.huge_pages
+    partial = plan_pair(request(huge_pages=True), replace(box(32, gpu_gib=4), thp="always"))
+    assert partial.rung == "partial-offload" and partial.huge_pages

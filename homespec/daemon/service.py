@@ -470,6 +470,8 @@ class Daemon:
             info = w.info
             plan = info.plan
             out["plan"] = plan.summary()
+            out["plan"]["huge_pages"] = plan.huge_pages
+            out["plan"]["notes"] = list(plan.notes)
             out["memory"] = {
                 check.role: {"predicted": check.predicted, "measured_after_load": check.measured}
                 for check in info.memory
@@ -494,4 +496,5 @@ class Daemon:
                 role: {"repack": v.repack, "source": v.source, "note": v.note or None}
                 for role, v in info.repack.items()
             }
+            out["huge_pages"] = {role: s.to_dict() for role, s in info.pages.items()}
         return out

@@ -117,6 +117,7 @@ def describe(
         else [],
         repack=dict(held.repack) if held else {},
         load_ms=dict(held.load_ms) if held else {},
+        pages=dict(held.settled) if held else {},
         verify_ms=dict(rt.ledger.verify.points),
         draft_ms=dict(rt.ledger.draft.points),
         agreement=rt.ledger.agreement,
@@ -140,6 +141,11 @@ class Session(Protocol):
 
     def detach_draft(self, reason: str, idle: AbstractContextManager[object]) -> None:
         """Take the draft away inside `idle` and free its memory; requests then say why."""
+        ...
+
+    def settle_pages(self) -> None:
+        """Back the loaded target's memory with huge pages where the plan says so (beside
+        decoding, in the background)."""
         ...
 
     def close(self) -> None: ...
@@ -170,6 +176,9 @@ class LlamaSession:
     def detach_draft(self, reason: str, idle: AbstractContextManager[object]) -> None:
         detach_draft(self.loaded, reason, idle=idle)
 
+    def settle_pages(self) -> None:
+        self.loaded.held.settle_pages()
+
     def close(self) -> None:
         self.loaded.close()
 
@@ -187,6 +196,7 @@ def open_llama(load: Load, site: CrashSite) -> tuple[Session, Machine | None]:
         without_draft=load.without_draft,
         crash_site=site,
         warm_up=True,
+        huge_pages="later",  # settled in the background (Engine._attach_draft): serve first
     )
     return LlamaSession(loaded), None if load.machine else machine
 
@@ -286,6 +296,7 @@ class Engine:
 
     def _attach_draft(self) -> None:
         assert self.session is not None
+        self.session.settle_pages()  # the target's huge pages, while it serves (engine/pages.py)
         try:  # loads while the target serves; hands over between requests
             self.session.attach_draft(self.busy)
         except Exception as exc:

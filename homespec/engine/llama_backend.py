@@ -93,15 +93,19 @@ class LlamaModel:
         load_site: Site = Site.LOAD_TARGET,
         devices: Sequence[int] | None = None,
         split: Sequence[float] | None = None,
+        mmap: bool = True,
     ) -> None:
         """`devices`: the ggml devices (handles) its offloaded layers may use, in llama.cpp's
         order (None: llama.cpp picks; empty: none, all in RAM); `split`: the share of the
-        offloaded layers each of them takes (the output layer counts as one)."""
+        offloaded layers each of them takes (the output layer counts as one). `mmap`: map the
+        file (llama.cpp's "auto"), else read the weights into memory of their own, which can
+        then be backed by huge pages (engine/pages.py)."""
         init_backend()
         params = lc.llama_model_default_params()
         # llama.h: "a negative value means all layers" (llama_model::n_gpu_layers()).
         params.n_gpu_layers = -1 if gpu_layers < 0 else gpu_layers
         params.use_extra_bufts = repack
+        params.load_mode = lc.LLAMA_LOAD_MODE_AUTO if mmap else lc.LLAMA_LOAD_MODE_NONE
         # Both arrays only need to live through the load: llama.cpp copies them.
         dev_array = None
         if devices is not None:

@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import psutil
 
-from homespec.engine import flash, repack
+from homespec.engine import flash, pages, repack
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
@@ -45,6 +46,10 @@ from homespec.workers import attach
 
 LOG = logging.getLogger("homespec.loader")
 N_BATCH = 512
+# How a pair's weights in RAM are held: "mapped" from the file (a one-off load: `ask`), or read
+# into 2 MiB pages where the plan says so, collapsed "now" (bench, doctor) or "later" by the
+# caller (the engine child, in the background while it serves): see engine/pages.py.
+Pages = Literal["mapped", "now", "later"]
 
 
 def probe() -> Machine:
@@ -127,12 +132,34 @@ class Held:
     memory: list[MemoryCheck] = field(default_factory=list)
     repack: dict[str, repack.Verdict] = field(default_factory=dict)  # by role
     flash: flash.FlashVerdict | None = None  # the target's, measured or remembered (CPU, auto)
+    regions: dict[str, list[pages.Region]] = field(default_factory=dict)  # not yet settled
+    settled: dict[str, pages.Settled] = field(default_factory=dict)  # by role
+    closed: bool = False
 
     def set_threads(self, n: int) -> None:
         for ctx in self.contexts:
             ctx.set_threads(n)
 
+    def settle_pages(self, role: str | None = None) -> None:
+        """Back the memory each model's load created (or `role`'s) with huge pages, where the
+        plan read the weights for that; a no-op otherwise. Safe beside decoding."""
+        for r in [role] if role else list(self.regions):
+            regions = self.regions.pop(r, [])
+            if not regions:
+                continue
+            done = pages.settle(regions, stop=lambda: self.closed)
+            self.settled[r] = done
+            LOG.info(
+                "%s: %s of %s in 2 MiB pages (%.0f ms)%s",
+                r,
+                fmt_size(done.huge),
+                fmt_size(done.bytes),
+                done.ms,
+                f": {done.note}" if done.note else "",
+            )
+
     def close(self) -> None:
+        self.closed = True
         _close(self.contexts, self.models)
 
 
@@ -198,6 +225,7 @@ def _load_model(
     held.repack[role] = verdict
     devices, split, n_gpu_layers = placement(manifest, a, role)
     before = _used(a.gpu)
+    regions_before = pages.snapshot() if the_plan.huge_pages else set()
     t0 = time.perf_counter()
     model = LlamaModel(
         info.path,
@@ -207,6 +235,7 @@ def _load_model(
         load_site=Site.LOAD_TARGET if role == "target" else Site.LOAD_DRAFT,
         devices=devices,
         split=split,
+        mmap=not the_plan.huge_pages,
     )
     held.models.append(model)
     if role == "target" and (problem := model.template_problem()):
@@ -251,6 +280,8 @@ def _load_model(
     )
     held.contexts.append(ctx)
     held.load_ms[role] = (time.perf_counter() - t0) * 1000.0
+    if the_plan.huge_pages:  # the weights, the context's cache and compute buffers
+        held.regions[role] = pages.new_regions(regions_before, pages.snapshot())
     if warm_up:
         ctx.warm_up()
     if measure_peak:
@@ -294,6 +325,7 @@ def load_pair(
     without_draft: str = "",
     crash_site: CrashSite | None = None,
     warm_up: bool = False,
+    huge_pages: Pages = "mapped",
 ) -> LoadedPair:
     """Check the files (inspect_pair), plan against `machine` (probed when None), then load the
     target and, when the plan has room for it and `load_draft`, the draft (else attach_draft()
@@ -303,7 +335,9 @@ def load_pair(
     engine crashed in the draft's code); requests then say so. `crash_site`: where this
     process marks the native work it does (the engine child's shared marker). `warm_up`: run
     each model's first decode right after loading it (the engine child does, before it says
-    it serves: a model that crashes here crashes before any request depends on it)."""
+    it serves: a model that crashes here crashes before any request depends on it).
+    `huge_pages`: see `Pages`; "later" leaves the target's to `LoadedPair.held.settle_pages()`
+    (the draft's are settled before it is handed over)."""
     files = inspect_pair(manifest, name)
     if without_draft and files.draft is not None:
         files = replace(files, draft=None, draft_skip_reason=without_draft)
@@ -311,7 +345,7 @@ def load_pair(
     machine = machine or probe()
     if pair.target_workers and not machine.remotes and not machine.workers_down:
         machine = attach(machine, manifest, pair.target_workers)
-    the_plan = plan(manifest, files, machine)
+    the_plan = plan(manifest, files, machine, kept=huge_pages != "mapped")
     if not the_plan.runnable:
         raise OutOfMemoryError(
             f"pair {name!r} {the_plan.reason}", f"see `homespec doctor --pair {name}`"
@@ -362,6 +396,8 @@ def load_pair(
         loaded = LoadedPair(runtime, files, the_plan, held, manifest, site)
         if load_draft:
             attach_draft(loaded, measure_peak=measure_peak, warm_up=warm_up)
+        if huge_pages == "now":
+            held.settle_pages()
     except BaseException:
         held.close()
         raise
@@ -398,6 +434,7 @@ def attach_draft(
         rt.draft_unavailable_reason = f"draft failed to load: {exc}"
         rt.draft_failed = True
         raise
+    loaded.held.settle_pages("draft")  # before it drafts (a no-op where the file is mapped)
     with idle or nullcontext():
         if rt.threads is not None:
             ctx.set_threads(rt.threads.state.threads)  # as the neighbours left the target
@@ -426,5 +463,6 @@ def detach_draft(
         held.models.remove(model)
         _close([draft_ctx], [model])
     held.memory = [c for c in held.memory if c.role != "draft"]
+    held.settled.pop("draft", None)
     LOG.warning("pair %s: draft detached: %s", rt.name, reason)
     return True

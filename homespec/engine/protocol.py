@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from homespec.engine.pages import Settled
 from homespec.engine.repack import Verdict
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
 from homespec.manifest import Manifest
@@ -106,6 +107,7 @@ class EngineInfo:
     memory: list[ModelCheck] = field(default_factory=list)
     repack: dict[str, Verdict] = field(default_factory=dict)  # by role
     load_ms: dict[str, float] = field(default_factory=dict)
+    pages: dict[str, Settled] = field(default_factory=dict)  # huge pages, by role, once settled
     # The governor's measured costs when this was sent: ms of one target decode by tokens in
     # it, and of one draft-model decode by tokens in it.
     verify_ms: dict[int, float] = field(default_factory=dict)
