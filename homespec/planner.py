@@ -125,6 +125,8 @@ class PairPlan:
             "mode": a.mode,
             "reason": self.reason,
             "n_ctx": a.n_ctx,
+            "huge_pages": self.huge_pages,
+            "notes": list(self.notes),
         }
         if a.remote or self.workers_down:
             out["remote_layers"] = dict(a.remote)

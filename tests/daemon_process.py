@@ -8,13 +8,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from homespec.manifest import Manifest
+from homespec.engine.crashsite import CrashSite
+from homespec.engine.protocol import Load, Loaded, Stop
+from homespec.manifest import Manifest, load_manifest
 
 
 def free_port() -> int:
@@ -141,3 +146,33 @@ def fake_daemon(
     """A daemon over fake_manifest_file() whose engines run the scripted fake target."""
     config = fake_manifest_file(tmp, server)
     return start_daemon(config, tmp, *extra, env={**FAKE_ENGINE, **(env or {})}, wait=wait)
+
+
+@contextmanager
+def fake_engine(
+    directory: Path, env: dict[str, str], without_draft: str = ""
+) -> Iterator[Connection]:
+    """The engine program over the fake target in a process of its own, loaded and driven
+    over a socket pair the way the daemon drives it; stopped (exit 0) at the end."""
+    manifest = load_manifest(fake_manifest_file(directory))
+    ours, theirs = socket.socketpair()
+    site, site_fd = CrashSite.shared()
+    cmd = [sys.executable, "-m", "tests.fake_engine", "--fd", str(theirs.fileno())]
+    cmd += ["--site-fd", str(site_fd), "--pair", "smollm2", "--log-level", "WARNING"]
+    proc = subprocess.Popen(
+        cmd, pass_fds=(theirs.fileno(), site_fd), env={**os.environ, **FAKE_ENGINE, **env}
+    )
+    theirs.close()
+    os.close(site_fd)
+    conn = Connection(ours.detach())
+    try:
+        conn.send(Load(manifest, "smollm2", None, without_draft=without_draft))
+        assert isinstance(conn.recv(), Loaded)
+        yield conn
+        conn.send(Stop())
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        conn.close()
+        site.close()

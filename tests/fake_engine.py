@@ -7,7 +7,9 @@ The pair's manifest entry is read as usual; its model files are never opened. Se
 HOMESPEC_FAKE_DECODE_S to change how long one fake decode takes (default 2 ms), and
 HOMESPEC_FAKE_DRAFT_FAULT=1 to make the draft's first decode die by SIGSEGV, and
 HOMESPEC_FAKE_OTHERS=X to run thread adaptation (2 threads, 2 cores, 10 ms windows) as if other
-processes kept X cores busy.
+processes kept X cores busy, and HOMESPEC_FAKE_BUSY_CALIBRATION=1 to have the first
+calibration's decodes take 4× as long (as on a machine busy then), with no wait before the
+engine measures again.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 import sys
 from contextlib import AbstractContextManager
 
+from homespec.engine import child
+from homespec.engine.calibration import calibrate
 from homespec.engine.child import describe, main
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
@@ -139,6 +143,24 @@ class FakeSession:
 
 def open_fake(load: Load, site: CrashSite) -> tuple[FakeSession, Machine | None]:
     return FakeSession(load, site), None
+
+
+def busy_first(rt: PairRuntime) -> None:
+    """`calibrate`, the first time with every target decode 4× as long."""
+    target = rt.target
+    assert isinstance(target, FakeTarget)
+    quiet = target.decode_s
+    target.decode_s = quiet * 4
+    try:
+        calibrate(rt)
+    finally:
+        target.decode_s = quiet
+        child.calibrate = calibrate
+
+
+if os.environ.get("HOMESPEC_FAKE_BUSY_CALIBRATION") == "1":
+    child.calibrate = busy_first
+    child.RECALIBRATE_GAP_S = 0.0
 
 
 if __name__ == "__main__":

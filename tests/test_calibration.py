@@ -3,12 +3,31 @@ decode costs and the draft model's agreement with the target."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from homespec.engine.calibration import AGREEMENT_POSITIONS, agreement, calibrate
+from homespec.engine import calibration
+from homespec.engine.calibration import (
+    AGREEMENT_POSITIONS,
+    agreement,
+    calibrate,
+    decode_costs,
+    uneven,
+)
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
+from homespec.engine.protocol import (
+    AttachDraft,
+    DraftAttached,
+    Finished,
+    Generate,
+    Remeasured,
+    Steps,
+)
+from homespec.engine.types import GenerationRequest, Message
 from homespec.manifest import PairSpec
+from tests.daemon_process import fake_engine
 from tests.fake_target import FakeTarget
 
 
@@ -49,3 +68,89 @@ def test_a_pair_without_a_draft_model_measures_no_agreement() -> None:
     calibrate(rt)
     assert agreement(rt) is None and rt.ledger.agreement is None
     assert rt.ledger.verify.at(1) is not None
+
+
+def test_uneven_sizes_are_the_ones_a_quiet_machine_could_not_have_measured() -> None:
+    quiet = {1: 10.0, 2: 16.0, 4: 19.0, 8: 25.0, 16: 38.0, 32: 65.0}
+    assert uneven(quiet) == set()
+    # Measured beside another engine starting up (both seen in one daemon's log):
+    # (each measured again; a size it leaves alone, like 8 here, is looked at again after)
+    assert uneven({1: 28.5, 2: 25.7, 4: 134.0, 8: 88.8, 16: 102.8, 32: 69.5}) == {1, 4, 16}
+    # Busy evenly (one token at 15 ms that takes 10) looks even: Ledger.calibrated_busy
+    # finds that from the requests' steps.
+    assert uneven({1: 15.3, 2: 29.1, 4: 37.7, 8: 55.2, 16: 82.3, 32: 365.3}) == {32}
+    # A flat curve (a GPU) is even; a little noise is allowed.
+    assert uneven({1: 2.1, 8: 2.0, 64: 3.7}) == set()
+
+
+class ScriptedTarget:
+    """A target whose decode of n new tokens takes the next of `ms[n]`, on a fake clock."""
+
+    n_outputs_max = 64
+    n_ctx = 1024
+
+    def __init__(self, ms: dict[int, list[float]], clock: list[float]) -> None:
+        self.ms, self.clock = ms, clock
+        self.tokens: list[int] = []
+
+    def clear(self) -> None:
+        self.tokens = []
+
+    def extend(self, history: list[int], n_logits: int = 1) -> None:
+        common = 0
+        while (
+            common < min(len(self.tokens), len(history) - 1)
+            and self.tokens[common] == history[common]
+        ):
+            common += 1
+        n = len(history) - common
+        script = self.ms.get(n, [1.0])
+        self.clock[0] += (script.pop(0) if len(script) > 1 else script[0]) / 1000.0
+        self.tokens = list(history)
+
+
+def test_a_size_measured_unevenly_is_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
+    # Size 4's first two tries ran beside a neighbour's burst; later ones are quiet.
+    script = {1: [10.0], 2: [16.0], 4: [130.0, 120.0, 19.0], 8: [25.0]}
+    costs = decode_costs(ScriptedTarget(script, clock), [7] * 32, [7], (1, 2, 4, 8), True)  # type: ignore[arg-type]
+    assert costs == pytest.approx({1: 10.0, 2: 16.0, 4: 19.0, 8: 25.0})
+    # A machine busy throughout stays as measured, after RETRIES more tries.
+    busy = {1: [10.0], 2: [16.0], 4: [130.0], 8: [25.0]}
+    costs = decode_costs(ScriptedTarget(busy, clock), [7] * 32, [7], (1, 2, 4, 8), True)  # type: ignore[arg-type]
+    assert costs[4] == pytest.approx(130.0)
+
+
+def test_costs_measured_on_a_busy_machine_are_measured_again_between_requests(
+    tmp_path: Path,
+) -> None:
+    """The engine program over the fake target: its first calibration ran at 4× the decode
+    time (a busy machine); the first request's steps run at 1×, so the engine measures again
+    after it, tells the daemon (Remeasured, with the new costs), and not after the next."""
+    env = {"HOMESPEC_FAKE_DECODE_S": "0.004", "HOMESPEC_FAKE_BUSY_CALIBRATION": "1"}
+
+    def recv() -> object:
+        assert conn.poll(30), "the engine said nothing for 30 s"
+        return conn.recv()
+
+    def answer(rid: str) -> None:
+        conn.send(Generate(rid, req, 10.0, True))
+        while not isinstance(msg := recv(), Finished):
+            assert isinstance(msg, Steps) and msg.rid == rid, msg
+        assert msg.rid == rid and msg.stats is not None
+
+    req = GenerationRequest(
+        messages=[Message("user", "hello there")], max_tokens=24, speculative=False
+    )
+    with fake_engine(tmp_path, env) as conn:
+        conn.send(AttachDraft())
+        attached = recv()
+        assert isinstance(attached, DraftAttached)
+        busy = attached.info.verify_ms[1]
+        answer("a")
+        again = recv()
+        assert isinstance(again, Remeasured), again
+        assert again.info.verify_ms[1] < busy / 2
+        answer("b")  # its steps run as measured now: nothing more
+        answer("c")

@@ -7,10 +7,6 @@ one SSE event per batch and the same text."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -18,12 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from homespec.engine.crashsite import CrashSite
-from homespec.engine.protocol import Finished, Generate, Load, Loaded, Steps, Stop
+from homespec.engine.protocol import Finished, Generate, Steps
 from homespec.engine.types import GenerationRequest, Message
-from homespec.manifest import load_manifest
 
-from .daemon_process import FAKE_ENGINE, fake_daemon, fake_manifest_file
+from .daemon_process import fake_daemon, fake_engine
 
 PROMPT = [Message("user", "forever a lighthouse keeper kept a very long watch. ")]
 LONG = [{"role": m.role, "content": m.content} for m in PROMPT]
@@ -32,27 +26,8 @@ CHAT = "/v1/chat/completions"
 
 @pytest.fixture()
 def engine(tmp_path: Path) -> Iterator[Connection]:
-    manifest = load_manifest(fake_manifest_file(tmp_path))
-    ours, theirs = socket.socketpair()
-    site, site_fd = CrashSite.shared()
-    cmd = [sys.executable, "-m", "tests.fake_engine", "--fd", str(theirs.fileno())]
-    cmd += ["--site-fd", str(site_fd), "--pair", "smollm2", "--log-level", "WARNING"]
-    env = {**os.environ, **FAKE_ENGINE, "HOMESPEC_FAKE_DECODE_S": "0.002"}
-    proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), site_fd), env=env)
-    theirs.close()
-    os.close(site_fd)
-    conn = Connection(ours.detach())
-    try:
-        conn.send(Load(manifest, "smollm2", None, without_draft="plain test"))
-        assert isinstance(conn.recv(), Loaded)
+    with fake_engine(tmp_path, {"HOMESPEC_FAKE_DECODE_S": "0.002"}, "plain test") as conn:
         yield conn
-        conn.send(Stop())
-        assert proc.wait(timeout=30) == 0
-    finally:
-        proc.kill()
-        proc.wait()
-        conn.close()
-        site.close()
 
 
 def answer(

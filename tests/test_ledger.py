@@ -293,3 +293,21 @@ def test_long_verifies_measured_in_a_busy_spell_are_priced_as_quiet_after_it() -
     assert now.at(33) == pytest.approx(quiet.at(33), rel=0.02)
     assert ledger.verify.at(33) == pytest.approx(2 * (quiet.at(33) or 0.0), rel=0.02)
     assert choice().k == before.k
+
+
+def test_a_calibration_the_steps_outrun_was_taken_on_a_busy_machine() -> None:
+    """Slower steps than the calibration's are a busy spell now (scaled, above); faster ones
+    by DRIFT_BAND say the calibration itself ran busy, and only a new one mends it."""
+    measured = curve(30.0, 12.0)  # taken while another engine started beside this one
+    ledger = Ledger(verify=CostCurve(dict(measured.points)), quiet=measured)
+    assert not ledger.calibrated_busy
+    for _ in range(40):  # a neighbour now: twice the calibration's cost
+        ledger.observe_verify(1, 60.0)
+    assert not ledger.calibrated_busy
+    for _ in range(3):  # a few quiet steps are not evidence enough
+        ledger.observe_verify(1, 10.0)
+    assert not ledger.calibrated_busy
+    for _ in range(20):  # one token takes 10 ms that it priced at 30
+        ledger.observe_verify(1, 10.0)
+    assert ledger.calibrated_busy
+    assert not Ledger().calibrated_busy  # nothing calibrated: nothing to say

@@ -18,6 +18,7 @@ from typing import Any
 from homespec import __version__
 from homespec.daemon import rpc_watch
 from homespec.daemon.metrics import Metrics
+from homespec.daemon.settling import Settling
 from homespec.daemon.systemd import notify
 from homespec.daemon.worker import Outcome, PairWorker
 from homespec.engine.governor import cost_report
@@ -118,6 +119,7 @@ class Daemon:
         self._reloading = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()  # reloads and swaps under way
         self._retiring: set[PairWorker] = set()  # replaced or removed, still draining
+        self._settling = Settling()
         self.workers = {name: self._worker(config.manifest, name) for name in config.pairs}
 
     def _worker(self, manifest: Manifest, name: str) -> PairWorker:
@@ -128,12 +130,13 @@ class Daemon:
             machine_for=self._machine_for,
             on_ready=self._on_ready,
             state_dir=self.config.state_dir,
+            settling=self._settling,
         )
 
     def start(self) -> None:
         """Start the pairs' engines in the background, one after another (the app answers
-        /health meanwhile): each pair is planned on what the earlier ones left, so two pairs
-        that do not fit together degrade or refuse instead of overcommitting the box."""
+        /health meanwhile): each is planned on what the earlier ones left (two pairs that do
+        not fit together degrade or refuse), and does its after-load work after theirs."""
         loop = asyncio.get_running_loop()
         self._loader = loop.create_task(self._load_all())
         self._watch = loop.create_task(self._watch_memory())
@@ -275,8 +278,7 @@ class Daemon:
 
     def _machine_for(self, worker: PairWorker) -> Machine | None:
         """The first probe less what the other pairs hold: each one's plan, or what its engine
-        was measured to hold where that is more (None: let the engine probe; the daemon itself
-        never loads llama.cpp)."""
+        holds where more (None: the engine probes; the daemon never loads llama.cpp)."""
         if self._base is None:
             return None
         taken: dict[str, int] = {}
@@ -470,8 +472,6 @@ class Daemon:
             info = w.info
             plan = info.plan
             out["plan"] = plan.summary()
-            out["plan"]["huge_pages"] = plan.huge_pages
-            out["plan"]["notes"] = list(plan.notes)
             out["memory"] = {
                 check.role: {"predicted": check.predicted, "measured_after_load": check.measured}
                 for check in info.memory

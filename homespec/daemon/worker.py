@@ -3,7 +3,6 @@
 The pair's models and generation loop run in an engine child (engine/child.py, through
 daemon/engine.py); this side keeps the queue and what /health and status say. Everything here
 runs on the event loop: the engine's replies arrive there too, so no state needs a lock.
-
 Its states and their transitions are in daemon/states.py.
 
 A request that finds `max_queue` requests waiting or running is refused at once (the HTTP
@@ -25,6 +24,7 @@ from homespec import errors
 from homespec.daemon.crashes import EngineDeath, recover
 from homespec.daemon.engine import EngineProcess
 from homespec.daemon.memory_watch import DraftWatch, decide, draft_site
+from homespec.daemon.settling import Settling
 from homespec.daemon.states import TRANSITIONS, WorkerState
 from homespec.engine import learned
 from homespec.engine.crashsite import Site
@@ -43,6 +43,7 @@ from homespec.engine.protocol import (
     Load,
     Loaded,
     LoadFailed,
+    Remeasured,
     Steps,
 )
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
@@ -53,8 +54,6 @@ from homespec.vocab import PairMode
 
 LOG = logging.getLogger("homespec.daemon")
 ROLLING = 50  # requests in the rolling accept rate
-QUIET_S = 0.3  # the draft loads once the pair has had no request for this long...
-MAX_DRAFT_DELAY_S = 30.0  # ...or after this long anyway
 STOP_TIMEOUT_S = 30.0
 
 
@@ -87,9 +86,12 @@ class PairWorker:
         machine_for: Callable[[PairWorker], Machine | None],
         on_ready: Callable[[PairWorker], None] | None = None,
         state_dir: Path | None = None,
+        settling: Settling | None = None,
     ) -> None:
         """`machine_for(worker)`: what to plan this pair on at each (re)start, i.e. the
-        daemon's first probe less what its other pairs hold; None lets the engine probe."""
+        daemon's first probe less what its other pairs hold; None lets the engine probe.
+        `settling`: the daemon's gate for after-load work (one pair at a time)."""
+        self.settling = settling or Settling()
         self.manifest = manifest
         self.machine_for = machine_for
         # What the governor learned, kept across engine and daemon restarts, per pair and
@@ -168,7 +170,7 @@ class PairWorker:
             self._on_loaded(msg)
         elif isinstance(msg, DraftAttached):
             self._on_draft(msg)
-        elif isinstance(msg, DraftDetached):
+        elif isinstance(msg, DraftDetached | Remeasured):
             self.info = msg.info
         elif isinstance(msg, LoadFailed):
             self.error = str(msg.failure)
@@ -213,23 +215,21 @@ class PairWorker:
             self._loaded.set_result(ok)
 
     async def _attach_draft(self) -> None:
-        """Let the requests that queued up during a (re)start go first: loading the draft while
-        they run would slow them down on a busy CPU (a two-model start must not answer later
-        than a target-only one). Wait until the queue has been empty for QUIET_S, at most
-        MAX_DRAFT_DELAY_S; the engine then loads the draft while the target keeps serving, and
-        measures the decode costs the governor starts from."""
-        deadline = time.monotonic() + MAX_DRAFT_DELAY_S
-        quiet_since = time.monotonic()
-        while time.monotonic() < deadline:
-            if self.pending:
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= QUIET_S:
-                break
-            await asyncio.sleep(0.02)
-        if self._engine is not None and self.state == WorkerState.READY:
+        """The engine loads the draft while the target keeps serving, and measures the decode
+        costs the governor starts from: once the requests that queued up during a (re)start
+        are through (a two-model start must not answer later than a target-only one), and
+        after the other pairs' own (daemon/settling.py)."""
+
+        def start() -> bool:
+            if self._engine is None or self.state != WorkerState.READY:
+                return False
             self._engine.send(AttachDraft())
+            return True
+
+        await self.settling.run(self.name, lambda: self.pending > 0, start)
 
     def _on_draft(self, msg: DraftAttached) -> None:
+        self.settling.finished(self.name)
         self.info = msg.info
         if msg.failure is not None:
             LOG.error("pair %s: %s; n-gram drafting only", self.name, msg.failure)
@@ -248,6 +248,7 @@ class PairWorker:
             LOG.warning("pair %s: %s", self.name, draft_verdict.note)
 
     def _on_exit(self, returncode: int, site: Site) -> None:
+        self.settling.finished(self.name)
         if self.state in (WorkerState.STOPPED, WorkerState.FAILED):
             return  # asked to stop, or exiting after LoadFailed: nothing to recover
         death = EngineDeath(time.monotonic(), returncode, site)

@@ -65,6 +65,7 @@ from homespec.engine.protocol import (
     Loaded,
     LoadFailed,
     ModelCheck,
+    Remeasured,
     Steps,
     Stop,
 )
@@ -75,6 +76,8 @@ from homespec.resources import Machine
 
 LOG = logging.getLogger("homespec.engine")
 CALIBRATE = object()  # a work item: measure the governor's costs (after the draft attached)
+# A calibration found taken on a busy machine is taken again, at most this often.
+RECALIBRATE_GAP_S = 10.0
 
 
 def failure(exc: BaseException) -> Failure:
@@ -216,6 +219,7 @@ class Engine:
         self._cancel_lock = threading.Lock()
         self._cancelled: set[str] = set()
         self._draft_failure: Failure | None = None
+        self._calibrated_at: float | None = None
 
     def send(self, msg: object) -> None:
         with self._send_lock:
@@ -244,6 +248,7 @@ class Engine:
                 self._generate(msg)
                 if learned is not None:  # small, atomic: a kill never loses more than a request
                     save_learned(self.session.runtime.ledger, learned)
+                self._remeasure_if_busy_then()
             elif isinstance(msg, AttachDraft):
                 loader = threading.Thread(target=self._attach_draft, name="draft", daemon=True)
                 loader.start()
@@ -254,6 +259,7 @@ class Engine:
                 # On this thread, the one that decodes requests: llama.cpp's CPU threads belong
                 # to the calling thread, and a second team measured twice the real cost here.
                 calibrate(self.session.runtime)
+                self._calibrated_at = time.monotonic()
                 self.send(DraftAttached(self.session.info(), self._draft_failure))
             elif isinstance(msg, Stop):
                 break
@@ -289,6 +295,25 @@ class Engine:
                 gen.close()
                 with self._cancel_lock:
                     self._cancelled.discard(rid)
+
+    def _remeasure_if_busy_then(self) -> None:
+        """Between requests: calibrate again when the costs were measured on a busy machine
+        (Ledger.calibrated_busy), at most every RECALIBRATE_GAP_S, and tell the daemon."""
+        assert self.session is not None
+        rt = self.session.runtime
+        if self._calibrated_at is None or not rt.ledger.calibrated_busy:
+            return
+        if time.monotonic() - self._calibrated_at < RECALIBRATE_GAP_S:
+            return
+        LOG.warning(
+            "pair %s: decodes run %.1f× as fast as when their costs were measured (something "
+            "else held the CPU then): measuring them again",
+            rt.name,
+            1 / rt.ledger.slowdown,
+        )
+        calibrate(rt)
+        self._calibrated_at = time.monotonic()
+        self.send(Remeasured(self.session.info()))
 
     def _is_cancelled(self, rid: str) -> bool:
         with self._cancel_lock:

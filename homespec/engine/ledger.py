@@ -77,6 +77,15 @@ class Ledger:
     draft_ref: float | None = None
     verify_ref: dict[int, float] = field(default_factory=dict)  # the same, by verify size
 
+    @property
+    def calibrated_busy(self) -> bool:
+        """The target's decodes run DRIFT_BAND times faster than the calibration measured:
+        it was taken while something else held the CPU (two engines starting together on two
+        cores measured 28 ms for one token that takes 10), and its curve is wrong in ways no
+        scaling mends: a long verify priced at 4× its cost is never drafted again, so nothing
+        measures it again. Measure again (the engine child does, between requests)."""
+        return bool(self.quiet.points) and self.slowdown < 1 / DRIFT_BAND
+
     def chose(self, option: Option) -> None:
         """Record a step's choice (for hysteresis and exploration)."""
         self.steps += 1

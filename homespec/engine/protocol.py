@@ -151,6 +151,13 @@ class DraftDetached:
 
 
 @dataclass(frozen=True)
+class Remeasured:
+    """The engine measured its costs again (see Ledger.calibrated_busy)."""
+
+    info: EngineInfo
+
+
+@dataclass(frozen=True)
 class Steps:
     rid: str
     chunks: list[Chunk]
