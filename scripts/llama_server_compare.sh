@@ -20,8 +20,11 @@
 #
 # THREADS (default: what homespec uses) sets both systems' CPU threads (the daemon runs at the
 # pair's models.toml setting: it is left out when THREADS differs); GPU_LAYERS (default 0)
-# the llama-server layers on a GPU for a CUDA build. DAEMON=0 leaves the daemon out. Servers
-# are stopped on exit.
+# the llama-server layers on a GPU for a CUDA build. DAEMON=0 leaves the daemon out.
+# LLAMA_HUGE_PAGES=1 gives llama-server what homespec gives a pair it keeps loaded (README,
+# "Huge pages for the weights"): weights read, not mapped (`--load-mode none`), into memory
+# glibc asks huge pages for (GLIBC_TUNABLES=glibc.malloc.hugetlb=1). Servers are stopped on
+# exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '\033[1mcompare:\033[0m %s\n' "$*" >&2; }
@@ -72,11 +75,19 @@ LOGDIR=$(mktemp -d)
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 AGAINST=()
 port=18190
+LLAMA_ENV=(env)
+HUGE=()
+if [ "${LLAMA_HUGE_PAGES:-0}" = 1 ]; then
+  LLAMA_ENV=(env "GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
+  HUGE=(--load-mode none)
+  say "llama-server reads its weights into huge pages (LLAMA_HUGE_PAGES=1)"
+fi
 start() {  # LABEL ARGS…
   local label=$1; shift
   port=$((port + 1))
-  "$SERVER" -m "$TARGET" --host 127.0.0.1 --port "$port" -t "$THREADS" -tb "$THREADS" \
-    -c 4096 -np 1 -ngl "$GPU_LAYERS" --no-webui "$@" >"$LOGDIR/$label.log" 2>&1 &
+  "${LLAMA_ENV[@]}" "$SERVER" -m "$TARGET" --host 127.0.0.1 --port "$port" -t "$THREADS" \
+    -tb "$THREADS" -c 4096 -np 1 -ngl "$GPU_LAYERS" --no-webui "${HUGE[@]}" "$@" \
+    >"$LOGDIR/$label.log" 2>&1 &
   PIDS+=($!)
   AGAINST+=(--against "$label=http://127.0.0.1:$port")
 }
