@@ -34,7 +34,15 @@ import httpx
 from homespec.engine.crashsite import CrashSite
 from homespec.engine.generate import generate
 from homespec.engine.loader import load_pair
-from homespec.engine.protocol import Finished, Generate, Load, Loaded, Stop
+from homespec.engine.protocol import (
+    AttachDraft,
+    DraftAttached,
+    Finished,
+    Generate,
+    Load,
+    Loaded,
+    Stop,
+)
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import load_manifest
 from homespec.workload import default_workload, load_workload
@@ -119,6 +127,10 @@ class Engine:
         self.batch_s = manifest.spec.server.stream_interval_ms / 1000.0
         loaded = self.conn.recv()
         assert isinstance(loaded, Loaded), loaded
+        # As the daemon does: its weights into huge pages, then its costs (no draft here).
+        self.conn.send(AttachDraft())
+        attached = self.conn.recv()
+        assert isinstance(attached, DraftAttached), attached
         self.n = 0
 
     def run(self, messages: list[Message], max_tokens: int) -> float:
@@ -168,20 +180,25 @@ def main() -> int:
     ]
     daemon = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, env=os.environ.copy())
     rows: dict[str, dict[str, list[float]]] = {}
+    # One at a time, as the daemon starts its own pairs (daemon/settling.py): the daemon ready
+    # with its after-load work done (huge pages, costs measured), then the engine child, then
+    # the in-process pair; loading beside another's calibration skews it.
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            st = httpx.get(url + "/homespec/status", timeout=1).json()
+            if st["status"] == "ready" and (st["pairs"][0].get("costs") or {}).get("verify_ms"):
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or daemon.poll() is not None:
+            daemon.kill()
+            raise SystemExit("the daemon did not start")
+        time.sleep(0.2)
     engine = Engine(manifest, pair)
     client = httpx.Client(timeout=600)
     try:
-        with load_pair(manifest, pair, load_draft=False) as loaded:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=1).json()["status"] == "ready":
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or daemon.poll() is not None:
-                    raise SystemExit("the daemon did not start")
-                time.sleep(0.2)
+        with load_pair(manifest, pair, load_draft=False, huge_pages="now") as loaded:
             for item in items:  # warm-up: each side sees every prompt once
                 in_process(loaded, item.messages, 8)
                 engine.run(item.messages, 8)

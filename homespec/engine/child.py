@@ -311,7 +311,8 @@ class Engine:
             rt.name,
             1 / rt.ledger.slowdown,
         )
-        calibrate(rt)
+        with self.busy:  # a draft re-attached after a memory drop hands over outside it
+            calibrate(rt)
         self._calibrated_at = time.monotonic()
         self.send(Remeasured(self.session.info()))
 
