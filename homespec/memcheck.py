@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from homespec.engine.calibration import calibrate
-from homespec.engine.governor import cost_report
+from homespec.engine.estimates import cost_report
 from homespec.engine.loader import LoadedPair, load_pair
 from homespec.manifest import load_manifest
 from homespec.resources import RAM

@@ -43,8 +43,9 @@ from homespec.bench import AUTO, WARM_UP, Run, _another_chat, _request, render_t
 from homespec.engine import generate as loop
 from homespec.engine import governor, sampling
 from homespec.engine.calibration import agreement
+from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime, generate
-from homespec.engine.governor import Choice, CostCurve, Inputs
+from homespec.engine.governor import Choice, Inputs
 from homespec.engine.llama_backend import LlamaContext
 from homespec.engine.loader import load_pair
 from homespec.engine.types import GenerationRequest, GenerationStats, Message

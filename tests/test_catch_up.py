@@ -8,16 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from homespec.engine.governor import (
-    TRIAL_TRIES,
-    Acceptance,
-    Choice,
-    CostCurve,
-    Inputs,
-    Option,
-    best_k,
-    choose,
-)
+from homespec.engine.estimates import Acceptance, CostCurve
+from homespec.engine.governor import TRIAL_TRIES, Choice, Inputs, Option, best_k, choose
 from homespec.engine.ledger import Ledger
 
 from .governor_cases import DEMO_DRAFT, DEMO_TARGET, curve, inputs, seen

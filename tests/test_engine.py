@@ -11,8 +11,8 @@ import pytest
 from scipy.stats import chi2
 
 from homespec.engine.drafters import NgramDrafter, Proposal
+from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime, generate
-from homespec.engine.governor import CostCurve
 from homespec.engine.ledger import Ledger
 from homespec.engine.loader import LoadedPair
 from homespec.engine.sampling import SamplingParams, distribution

@@ -6,19 +6,21 @@ from dataclasses import replace
 
 import pytest
 
-from homespec.engine.governor import (
-    EXPLORE_EVERY,
-    EXPLORE_K,
+from homespec.engine.estimates import (
     MATCH_PRIORS,
     MAX_K,
     MIN_REACH,
     PRIOR,
     Acceptance,
     CostCurve,
+    expected_tokens,
+)
+from homespec.engine.governor import (
+    EXPLORE_EVERY,
+    EXPLORE_K,
     Inputs,
     Option,
     choose,
-    expected_tokens,
     hand_over,
     next_window,
 )

@@ -7,16 +7,8 @@ import json
 
 import pytest
 
-from homespec.engine.governor import (
-    MAX_K,
-    PRIOR,
-    STRETCH,
-    Acceptance,
-    Choice,
-    CostCurve,
-    choose,
-    expected_by_length,
-)
+from homespec.engine.estimates import MAX_K, PRIOR, Acceptance, CostCurve, expected_by_length
+from homespec.engine.governor import STRETCH, Choice, choose
 from homespec.engine.ledger import (
     AGREEMENT_MAX,
     AGREEMENT_MIN,

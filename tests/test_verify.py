@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
+from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime, generate
-from homespec.engine.governor import CostCurve
 from homespec.engine.sampling import SamplingParams, verify
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec

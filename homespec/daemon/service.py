@@ -21,7 +21,7 @@ from homespec.daemon.metrics import Metrics
 from homespec.daemon.settling import Settling
 from homespec.daemon.systemd import notify
 from homespec.daemon.worker import Outcome, PairWorker
-from homespec.engine.governor import cost_report
+from homespec.engine.estimates import cost_report
 from homespec.engine.types import GenerationRequest
 from homespec.errors import HomespecError, UnknownModel
 from homespec.manifest import Manifest, load_manifest

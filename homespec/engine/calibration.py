@@ -13,8 +13,8 @@ import time
 import numpy as np
 
 from homespec.engine.chat_text import chat_tokens
+from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime
-from homespec.engine.governor import CostCurve
 from homespec.engine.target import Target
 from homespec.engine.types import Message
 

@@ -22,7 +22,8 @@ import numpy as np
 
 from homespec.engine.chat_text import chat_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
-from homespec.engine.governor import MAX_K, Choice, choose, hand_over, next_window
+from homespec.engine.estimates import MAX_K
+from homespec.engine.governor import Choice, choose, hand_over, next_window
 from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens

@@ -10,20 +10,17 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from homespec.engine.governor import (
+from homespec.engine.estimates import (
     MATCH_BUCKETS,
     MATCH_PRIORS,
     MAX_K,
     PRIOR,
     PRIOR_WEIGHT,
-    RELAG,
     Acceptance,
     CostCurve,
-    Inputs,
-    Option,
-    catch_up_cost,
     match_bucket,
 )
+from homespec.engine.governor import RELAG, Inputs, Option, catch_up_cost
 
 DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a target token
 STATE_VERSION = 1  # of Ledger.acceptance_state()

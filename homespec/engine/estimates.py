@@ -1,0 +1,158 @@
+"""What the governor (engine/governor.py) reads: the measured cost of a decode by its size
+(`CostCurve`) and how often each draft position is kept (`Acceptance`), with what a draft of
+k tokens is expected to commit. Pure, like the governor: engine/ledger.py keeps them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_K = 64
+PRIOR = 0.6  # draft-model acceptance before anything was measured (n-grams: MATCH_PRIORS)
+PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior
+MIN_REACH = 8  # drafts may always be this long; longer only REACH_GROWTH × the deepest tried
+REACH_GROWTH = 2
+DECAY = 0.99  # per recorded step: acceptance evidence ages
+# N-gram acceptance is kept per match length: a proposal whose context agrees with the
+# history's end for 20 tokens is far likelier to be right than one found by a 2-gram. Each
+# bucket holds matches of at least that many tokens; its prior says so until measured.
+# Bucket 1 is an answer's first token after the chat template's role header (the n-gram key
+# holds the header, which every answer shares; NgramDrafter.reset): how an earlier answer
+# went on after the same first word. Its prior is below what a draft must be kept to pay
+# where verifying 2 tokens costs 1.5 plain steps (a CPU), above it where that is nearly
+# free (a GPU); the steps that do not use it measure it either way (learn_unused_match).
+MATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
+MATCH_PRIORS = {1: 0.4, 2: 0.6, 4: 0.65, 8: 0.75, 16: 0.85, 32: 0.9}  # the others optimistic
+
+
+def match_bucket(match_len: int) -> int:
+    return max([b for b in MATCH_BUCKETS if b <= match_len], default=MATCH_BUCKETS[0])
+
+
+@dataclass
+class CostCurve:
+    """Milliseconds of one target decode of n tokens, from calibration and real steps.
+
+    Each measured n keeps a moving average; between measured points the curve is linear, and
+    past the last one it follows the last segment's slope (a single point: the `slope` prior,
+    as a fraction of the one-token cost per extra token).
+    """
+
+    points: dict[int, float] = field(default_factory=dict)
+    slope: float = 0.25
+    alpha: float = 0.2  # weight of a new observation in the moving average
+
+    def observe(self, n: int, ms: float) -> None:
+        old = self.points.get(n)
+        self.points[n] = ms if old is None else (1 - self.alpha) * old + self.alpha * ms
+
+    def at(self, n: int) -> float | None:
+        known = self.points.get(n)
+        if known is not None:
+            return known
+        if not self.points:
+            return None
+        xs = sorted(self.points)  # a handful of points
+        if len(xs) == 1 or n < xs[0]:
+            # From the first point by the prior slope: its one-token cost is y / (1 + slope ×
+            # (x - 1)). (A draft's first decode is often a catch-up of hundreds of tokens;
+            # read as a one-token cost and extrapolated down, it priced a draft token below 0.)
+            x, y = xs[0], self.points[xs[0]]
+            return y / (1 + self.slope * (x - 1)) * (1 + self.slope * (n - 1))
+        if n > xs[-1]:
+            # Past the last point, the slope over a wide stretch (from the last point measured
+            # at half its size or less): real steps measure neighbouring sizes (30, 31 tokens)
+            # whose noise can make the last segment fall, and a falling slope priced a draft
+            # model's 243-token catch-up at nothing. Cost never falls with more tokens.
+            hi = xs[-1]
+            lo = max((x for x in xs if x <= hi / 2), default=xs[0])
+            slope = (self.points[hi] - self.points[lo]) / (hi - lo)
+            return self.points[hi] + max(0.0, slope) * (n - hi)
+        i = bisect.bisect_left(xs, n)
+        lo, hi = (xs[0], xs[1]) if i == 0 else (xs[i - 1], xs[i])  # i == 0: n is the first
+        y0, y1 = self.points[lo], self.points[hi]
+        return max(0.0, y0 + (y1 - y0) * (n - lo) / (hi - lo))
+
+
+def cost_report(
+    verify: dict[int, float], draft: dict[int, float], agreement: float | None = None
+) -> dict[str, Any]:
+    """Measured costs as status and doctor show them (JSON): ms of one target decode and of
+    one draft-model decode by tokens in it, ms per draft-model token, and the share of next
+    tokens on which the draft model agreed with the target at calibration."""
+    per_token = CostCurve(dict(draft)).at(1)
+    return {
+        "verify_ms": {str(n): round(ms, 2) for n, ms in sorted(verify.items())},
+        "draft_ms_per_token": None if per_token is None else round(per_token, 2),
+        "draft_ms": {str(n): round(ms, 2) for n, ms in sorted(draft.items())},
+        "draft_agreement": None if agreement is None else round(agreement, 3),
+    }
+
+
+@dataclass
+class Acceptance:
+    """How often draft position i is kept, given that every position before it was.
+
+    Counts decay by DECAY a step (about the last 100 steps weigh), so a task whose drafts stop
+    being right turns speculation off within tens of steps, not after its whole history.
+    """
+
+    tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+    kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+    prior: float = PRIOR  # position 1's acceptance before anything was measured
+    # What the pair's other tasks measured at positions 2 and on, as a few observations
+    # (Ledger._new seeds a new task's table with them; never decayed, never saved)
+    seed_tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+    seed_kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+
+    def record(self, proposed: int, accepted: int) -> None:
+        for i in range(MAX_K):
+            self.tries[i] *= DECAY
+            self.kept[i] *= DECAY
+        for i in range(min(accepted + 1, proposed)):
+            self.tries[i] += 1
+            if i < accepted:
+                self.kept[i] += 1
+
+    def rate(self, i: int, prior: float) -> float:
+        kept = self.kept[i] + self.seed_kept[i] + prior * PRIOR_WEIGHT
+        return kept / (self.tries[i] + self.seed_tries[i] + PRIOR_WEIGHT)
+
+    def reach(self) -> int:
+        """How long a draft may be on the evidence: REACH_GROWTH × the deepest position tried
+        at least once lately (MIN_REACH before that). Draft lengths grow by doubling as long
+        drafts keep being kept, like a congestion window, never straight to 64 on faith."""
+        tries, seed, deepest = self.tries, self.seed_tries, 0
+        for i in range(MAX_K - 1, -1, -1):
+            if tries[i] + seed[i] >= 1:
+                deepest = i + 1
+                break
+        return max(MIN_REACH, REACH_GROWTH * deepest)
+
+
+def expected_by_length(acc: Acceptance, prior: float, stretch: float = 1.0) -> Iterator[float]:
+    """Tokens one step commits on average when it drafts k = 1, 2, … (one value per k).
+    A position's prior is `stretch` × the estimate of the position before it.
+
+    N-gram lookup (stretch 1): a continuation that has been right so far is as likely to stay
+    right at the next token as it was at the last; a copied file or a remembered answer breaks
+    at an edit, anywhere, so acceptance is a constant hazard per position and untried
+    positions are priced at the deepest measured rate (`reach` bounds how far that is taken).
+    The draft model (STRETCH): its errors compound, so an untried position is taken to behave
+    a little worse than the one before it. (Taken as equal, 6-token drafts kept 97% of the time
+    priced a never-tried 64-token draft-model step as a win; on a CPU it cost 1 s a step.)"""
+    total, survive = 1.0, 1.0
+    for i in range(MAX_K):
+        prior = acc.rate(i, prior * stretch if i else prior)
+        survive *= prior
+        total += survive
+        yield total
+
+
+def expected_tokens(acc: Acceptance, k: int, prior: float) -> float:
+    """expected_by_length at one k (k = 0: plain decoding's one token)."""
+    return next(itertools.islice(expected_by_length(acc, prior), k - 1, None)) if k else 1.0
