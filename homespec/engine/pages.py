@@ -1,13 +1,13 @@
 """2 MiB pages for the weights a pair holds in RAM (Linux transparent huge pages).
 
 Decoding one token reads every weight once. With the weights memory-mapped from the GGUF file
-they sit in 4 KiB pages, and a 540 MiB model is 138,000 of them: more than the TLB holds, so
-each token pays page walks. Read into anonymous memory instead (llama.cpp's load mode "none")
-and collapsed into 2 MiB pages (`madvise(MADV_COLLAPSE)`, Linux 6.1+), the same weights are
-270 pages. Measured here: one target decode 4% faster, a 4-token verify 4% (see README).
+they sit in 4 KiB pages, and the demo's 513 MiB F32 target is 131,000 of them: more than the
+TLB holds, so each token pays page walks. Read into anonymous memory instead (llama.cpp's load
+mode "none") and collapsed into 2 MiB pages (`madvise(MADV_COLLAPSE)`, Linux 6.1+), the same
+weights are 257 pages. Measured here: decoding 4-7% faster (see README).
 
 What it costs: reading the file into memory takes longer than mapping it (0.3 against 0.1 s
-for 540 MiB here), the collapse is kernel work (1.3 s here) that the engine does in the
+for 513 MiB here), the collapse is kernel work (1.4 s here) that the engine does in the
 background while it already serves, and weights in memory of their own can no longer be
 dropped and re-read by the kernel under pressure. `choose` is the decision (pure: the planner
 calls it with the plan's numbers); the rest finds the memory a load created and asks the
