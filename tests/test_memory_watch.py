@@ -6,7 +6,7 @@ from pathlib import Path
 
 from homespec.daemon.memory_watch import CALM_SAMPLES, ROOM_FACTOR, DraftWatch, decide
 from homespec.sizes import GiB, MiB
-from tests.daemon_process import all_attached, fake_daemon, wait_until
+from tests.daemon_process import fake_daemon, wait_until
 from tests.fake_memory import FREE_FILE_ENV
 
 MIN_FREE = 512 * MiB
@@ -113,7 +113,8 @@ def test_the_daemon_drops_the_draft_when_memory_runs_short_and_takes_it_back(
         assert metric("homespec_draft_dropped_for_memory") == 1.0
         assert "draft dropped" in d.log()
         free.write_text(str(8 * GiB))
-        wait_until(d, all_attached)
+        # Back after the pair's queue is quiet and through the daemon's gate (settling.py).
+        wait_until(d, lambda h: h["pairs"]["smollm2"]["mode"] == "speculative")
         assert served()["drafter"] == "model"
         assert metric("homespec_draft_dropped_for_memory") == 0.0
         assert metric("homespec_memory_draft_drops") == 1.0

@@ -320,7 +320,7 @@ class PairWorker:
             self._engine.send(DetachDraft(verdict.watch.reason))
         elif verdict.action == "attach":
             LOG.warning("pair %s: memory back (%s): re-attaching the draft", self.name, verdict.why)
-            self._engine.send(AttachDraft())
+            self._draft_task = asyncio.get_running_loop().create_task(self._attach_draft())
 
     # --- what /health and status say ----------------------------------------------------------
 
