@@ -3,6 +3,8 @@ decode costs and the draft model's agreement with the target."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from homespec.engine.calibration import (
     agreement,
     calibrate,
     decode_costs,
+    one_at_a_time,
     uneven,
 )
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
@@ -154,3 +157,29 @@ def test_costs_measured_on_a_busy_machine_are_measured_again_between_requests(
         assert again.info.verify_ms[1] < busy / 2
         answer("b")  # its steps run as measured now: nothing more
         answer("c")
+
+
+def test_engines_of_one_machine_measure_one_after_another(tmp_path: Path) -> None:
+    """The lock `calibrate` takes (flock on a file in the cache directory): a second engine
+    waits for the first to finish, or measures beside it after the timeout, and says so."""
+    lock = tmp_path / "calibrating.lock"
+    first_done = threading.Event()
+    taken = threading.Event()
+
+    def first() -> None:
+        with one_at_a_time(lock) as held:
+            assert held
+            taken.set()
+            time.sleep(0.3)
+        first_done.set()
+
+    t = threading.Thread(target=first)
+    t.start()
+    taken.wait(5)
+    with one_at_a_time(lock, timeout_s=0.05) as held:
+        assert not held  # still held by the first: gave up after the timeout
+    t0 = time.monotonic()
+    with one_at_a_time(lock, timeout_s=5) as held:
+        assert held and first_done.is_set()  # waited for the first to let go
+        assert time.monotonic() - t0 > 0.1
+    t.join()

@@ -3,7 +3,7 @@ wiring into the generation loop (engine/neighbours.py), with synthetic measureme
 
 from __future__ import annotations
 
-from homespec.engine.neighbours import CpuMeter, ThreadAdapter
+from homespec.engine.neighbours import CpuMeter, ThreadAdapter, wait_for_quiet
 from homespec.engine.threads import (
     HOLD_S,
     RAISE_AFTER,
@@ -138,3 +138,38 @@ def test_a_neighbours_share_alone_does_not_decide_the_decodes_do() -> None:
     )
     # Slow decodes without a neighbour in sight (a long context, say): not below SLOW.
     assert run(2, [Sample(float(t), 2, 0.0, 2.5) for t in range(10)]) == [2] * 10
+
+
+class ScriptedMeter:
+    """Cores the other processes took in each window, in turn (CpuMeter's interface)."""
+
+    def __init__(self, readings: list[float | None]) -> None:
+        self.readings = readings
+        self.windows = 0
+
+    def resume(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def others(self) -> float | None:
+        self.windows += 1
+        return self.readings.pop(0)
+
+
+def test_the_costs_wait_for_the_neighbours_quiet_window_but_not_forever() -> None:
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    def wait(readings: list[float | None], max_s: float = 10.0) -> tuple[float | None, int]:
+        meter = ScriptedMeter(readings)
+        got = wait_for_quiet(0.5, max_s, meter=meter, sleep=sleep, clock=lambda: now[0])  # type: ignore[arg-type]
+        return got, meter.windows
+
+    assert wait([0.1]) == (0.1, 1)  # quiet at once: one window
+    assert wait([1.8, 1.9, 0.2]) == (0.2, 3)  # another engine measuring, then done
+    assert wait([None]) == (None, 1)  # nothing read: go on
+    # Busy throughout: it gives up after max_s and says how busy (the engine logs it).
+    got, windows = wait([1.9] * 100, max_s=3.0)
+    assert got == 1.9 and 2 <= windows <= 6

@@ -6,9 +6,13 @@ it is done), on scratch text; the loop keeps the costs current from real steps a
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import logging
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -17,6 +21,8 @@ from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime
 from homespec.engine.target import Target
 from homespec.engine.types import Message
+from homespec.errors import HomespecError
+from homespec.paths import cache_dir
 
 LOG = logging.getLogger("homespec.engine")
 
@@ -119,7 +125,57 @@ def agreement(rt: PairRuntime) -> float | None:
     return same / n
 
 
+LOCK_NAME = "calibrating.lock"
+LOCK_WAIT_S = 30.0
+
+
+@contextlib.contextmanager
+def one_at_a_time(path: Path, timeout_s: float = LOCK_WAIT_S) -> Iterator[bool]:
+    """Hold an exclusive lock on `path` (flock: the kernel lets go when the process dies), so
+    the engines of one machine, in one daemon or in several, and `bench`, measure one after
+    another: two measuring at once on two cores measured each other. Waits at most
+    `timeout_s`, then goes on without it; yields whether it holds the lock."""
+    try:
+        handle = path.open("a")
+    except OSError:
+        yield False
+        return
+    with handle:
+        deadline = time.monotonic() + timeout_s
+        held = False
+        while not held:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+            except OSError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        try:
+            yield held
+        finally:
+            if held:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> None:
+    """`measure`, one engine of this machine at a time (see one_at_a_time)."""
+    try:
+        lock = cache_dir() / LOCK_NAME
+    except HomespecError:  # no cache directory to be had: measure without the lock
+        measure(rt, sizes)
+        return
+    with one_at_a_time(lock) as held:
+        if not held:
+            LOG.warning(
+                "pair %s: another engine kept measuring for %.0f s: measuring beside it",
+                rt.name,
+                LOCK_WAIT_S,
+            )
+        measure(rt, sizes)
+
+
+def measure(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> None:
     """Measure this machine's cost of one target decode of n tokens for a few n, and of a
     draft-model decode of 1, 8 and 32 tokens (a draft catching up on history decodes a batch),
     on a scratch sequence, and the draft model's agreement with the target; the governor starts

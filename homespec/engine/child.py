@@ -48,6 +48,7 @@ from homespec.engine.loader import (
     load_pair,
     probe,
 )
+from homespec.engine.neighbours import wait_for_quiet
 from homespec.engine.policy import serving_mode
 from homespec.engine.protocol import (
     AttachDraft,
@@ -78,6 +79,11 @@ LOG = logging.getLogger("homespec.engine")
 CALIBRATE = object()  # a work item: measure the governor's costs (after the draft attached)
 # A calibration found taken on a busy machine is taken again, at most this often.
 RECALIBRATE_GAP_S = 10.0
+# Before the first: wait (in the background, at most this long) until other processes take
+# less than this many cores, as another engine loading or measuring would (daemon/settling.py
+# orders a daemon's own engines; this is for the others: a second daemon, a llama-server).
+CALIBRATE_QUIET = 0.5
+CALIBRATE_WAIT_S = 10.0
 
 
 def failure(exc: BaseException) -> Failure:
@@ -332,6 +338,15 @@ class Engine:
                 exc,
             )
             self._draft_failure = failure(exc)
+        others = wait_for_quiet(CALIBRATE_QUIET, CALIBRATE_WAIT_S)
+        if others is not None and others >= CALIBRATE_QUIET:
+            LOG.warning(
+                "pair %s: other processes still take %.1f cores after %.0f s: measuring the "
+                "costs anyway (measured again if the requests show them too high)",
+                self.session.runtime.name,
+                others,
+                CALIBRATE_WAIT_S,
+            )
         self.work.put(CALIBRATE)  # then the costs, between requests, on the main thread
 
     # --- reader thread -----------------------------------------------------------------------

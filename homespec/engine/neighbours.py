@@ -11,6 +11,7 @@ reason reach the response's `reason`, status and /metrics through `GenerationSta
 from __future__ import annotations
 
 import logging
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -72,6 +73,31 @@ class CpuMeter:
         if running:
             self.resume()
         return max(0.0, (busy - own) / wall) if wall > 0 else None
+
+
+def wait_for_quiet(
+    limit: float,
+    max_s: float,
+    *,
+    sample_s: float = 0.25,
+    meter: CpuMeter | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> float | None:
+    """Until the other processes take less than `limit` cores over a `sample_s` window, at
+    most `max_s`, pausing a random 0.3-1 s between windows (two engines waiting for each other
+    do not look again in step). Returns the last reading: at most `limit`, or more when it gave
+    up (None: the meter read nothing)."""
+    meter = meter or CpuMeter()
+    deadline = clock() + max_s
+    while True:
+        meter.resume()
+        sleep(sample_s)
+        others = meter.others()
+        meter.pause()
+        if others is None or others < limit or clock() >= deadline:
+            return others
+        sleep(0.3 + 0.7 * random.random())
 
 
 @dataclass
