@@ -82,8 +82,9 @@ def decode_costs(
         ctx.extend(base + filler * n, n if n_logits else 1)  # decodes exactly n tokens
         return (time.perf_counter() - t0) * 1000.0
 
-    fits = [n for n in sizes if not (n_logits and n > ctx.n_outputs_max)]
-    fits = [n for n in fits if len(base) + n <= ctx.n_ctx]
+    fits = [
+        n for n in sizes if not (n_logits and n > ctx.n_outputs_max) and len(base) + n <= ctx.n_ctx
+    ]
     out = {n: min(once(n), once(n)) for n in fits}
     for _ in range(RETRIES):
         again = uneven(out)
@@ -130,15 +131,18 @@ LOCK_WAIT_S = 30.0
 
 
 @contextlib.contextmanager
-def one_at_a_time(path: Path, timeout_s: float = LOCK_WAIT_S) -> Iterator[bool]:
+def one_at_a_time(path: Path | None, timeout_s: float = LOCK_WAIT_S) -> Iterator[bool | None]:
     """Hold an exclusive lock on `path` (flock: the kernel lets go when the process dies), so
     the engines of one machine, in one daemon or in several, and `bench`, measure one after
     another: two measuring at once on two cores measured each other. Waits at most
-    `timeout_s`, then goes on without it; yields whether it holds the lock."""
+    `timeout_s`, then goes on without it; yields whether it holds the lock (None: there is
+    no lock file to be had, no cache directory or an unwritable one)."""
     try:
-        handle = path.open("a")
+        handle = path.open("a") if path is not None else None
     except OSError:
-        yield False
+        handle = None
+    if handle is None:
+        yield None
         return
     with handle:
         deadline = time.monotonic() + timeout_s
@@ -161,12 +165,11 @@ def one_at_a_time(path: Path, timeout_s: float = LOCK_WAIT_S) -> Iterator[bool]:
 def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> None:
     """`measure`, one engine of this machine at a time (see one_at_a_time)."""
     try:
-        lock = cache_dir() / LOCK_NAME
-    except HomespecError:  # no cache directory to be had: measure without the lock
-        measure(rt, sizes)
-        return
+        lock: Path | None = cache_dir() / LOCK_NAME
+    except HomespecError:
+        lock = None
     with one_at_a_time(lock) as held:
-        if not held:
+        if held is False:
             LOG.warning(
                 "pair %s: another engine kept measuring for %.0f s: measuring beside it",
                 rt.name,
