@@ -319,6 +319,11 @@ MANIFESTS = [
         "server.stream_interval_ms",
     ),
     (
+        "huge pages asked for with a word",
+        '[models.t]\npath = "TINY"\n' + GOOD_PAIR + 'huge_pages = "maybe"\n',
+        "pairs.p.huge_pages",
+    ),
+    (
         "a worker timeout of zero",
         '[workers.w]\nendpoint = "h:1"\nconnect_timeout_s = 0\n[models.t]\npath = "TINY"\n'
         + GOOD_PAIR,
