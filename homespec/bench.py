@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from homespec import heap
 from homespec.bench_remote import WARM_UP, Remote, run_remote, warm_up
 from homespec.engine.calibration import calibrate
 from homespec.engine.chat_text import chat_tokens
@@ -376,6 +377,7 @@ def bench_pair(
         rt = loaded.runtime
         memory = memory_rows(loaded)
         calibrate(rt)  # the governor ("auto") starts from this machine's costs
+        heap.settle()  # as the daemon's engine does: no full collection inside a measured run
         if has_draft and rt.draft is None:
             chosen = [m for m in chosen if m not in ("model", "hybrid")]
             progress(f"bench: no draft model modes: {rt.draft_unavailable_reason}")

@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from homespec import __version__
+from homespec import __version__, heap
 from homespec.daemon import rpc_watch
 from homespec.daemon.openai_api import (
     SSE_DONE,
@@ -212,6 +212,7 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         daemon.start()
+        heap.settle()  # the imports' objects out of the collector's walks (homespec/heap.py)
         # SIGHUP (`systemctl reload homespec`) re-reads models.toml; its default would kill us.
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGHUP, daemon.reload_soon)

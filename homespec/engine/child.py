@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Protocol
 
+from homespec import heap
 from homespec.engine.calibration import calibrate
 from homespec.engine.crashsite import CrashSite
 from homespec.engine.generate import PairRuntime, generate_steps, prompt_tokens
@@ -246,6 +247,7 @@ class Engine:
         learned = Path(load.learned_file) if load.learned_file else None
         if learned is not None:
             restore_learned(self.session.runtime.ledger, learned)
+        heap.settle()  # loading's garbage collected, off the request path (homespec/heap.py)
         self.send(Loaded(self.session.info(), probed))
         threading.Thread(target=self._read, name="engine-reader", daemon=True).start()
         while True:
@@ -266,6 +268,7 @@ class Engine:
                 # to the calling thread, and a second team measured twice the real cost here.
                 calibrate(self.session.runtime)
                 self._calibrated_at = time.monotonic()
+                heap.settle()  # the draft's objects too
                 self.send(DraftAttached(self.session.info(), self._draft_failure))
             elif isinstance(msg, Stop):
                 break
