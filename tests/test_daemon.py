@@ -173,6 +173,37 @@ def test_prompt_longer_than_the_context_names_both_sizes(daemon: Daemon) -> None
     assert "1024-token context" in message and "the prompt is 15" in message  # 1500 bytes + 11
 
 
+def test_a_prompt_over_the_context_is_a_400_streamed_or_queued_and_never_logged(
+    daemon: Daemon,
+) -> None:
+    too_long = {"messages": user("word " * 300), "max_tokens": 8}
+    # On an idle pair the engine counts it as it starts: still a 400, not an event stream.
+    r = daemon.post(CHAT, {**too_long, "stream": True})
+    assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
+    assert "1024-token context" in r.json()["error"]["message"] and r.headers["x-request-id"]
+
+    # Behind a running request it is counted before it queues: answered while that one runs.
+    running = threading.Event()
+    body = {"messages": user(LONG), "max_tokens": 400, "stream": True, "speculative": False}
+
+    def long_answer() -> None:
+        with httpx.stream("POST", daemon.url + CHAT, json=body, timeout=60) as s:
+            for line in s.iter_lines():
+                if '"content"' in line:
+                    running.set()
+
+    t = threading.Thread(target=long_answer)
+    t.start()
+    assert running.wait(30)
+    for stream in (False, True):
+        r = daemon.post(CHAT, {**too_long, "stream": stream})
+        assert r.status_code == 400 and "1024-token context" in r.json()["error"]["message"]
+    assert t.is_alive()  # 400 tokens of 5 ms: the refusals did not wait for it
+    t.join()
+    refused = [x for x in read_log(daemon) if "token context" in str(x.get("error"))]
+    assert refused == [] and read_log(daemon)[-1]["outcome"] == "ok"
+
+
 def test_unknown_route_and_oversized_body(daemon: Daemon) -> None:
     r = daemon.get("/v1/nope")
     assert r.status_code == 404 and "error" in r.json()

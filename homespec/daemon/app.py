@@ -14,8 +14,8 @@ import math
 import signal
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -37,8 +37,8 @@ from homespec.daemon.openai_api import (
     sse,
 )
 from homespec.daemon.service import Daemon, DaemonConfig
-from homespec.daemon.worker import Outcome, PairWorker
-from homespec.engine.types import GenerationRequest, GenerationStats
+from homespec.daemon.worker import Outcome
+from homespec.engine.types import Chunk, GenerationStats
 from homespec.errors import (
     HomespecError,
     NotReady,
@@ -351,7 +351,13 @@ async def _complete(
                 "ask for fewer tokens (server.max_tokens_limit)",
             )
         req = body.to_generation(default_max_tokens=min(limit, 1024))
-        await worker.check_prompt(req)
+        # A request that will wait behind others has its prompt counted first, so one too long
+        # for the context is refused before it queues. One that starts at once is counted by
+        # the engine as it starts, before any token (asking first cost a round trip to the
+        # engine, a millisecond of a short answer): its refusal is awaited below, still a 400.
+        counted = worker.pending > 0
+        if counted:
+            await worker.check_prompt(req)
         worker.admit()
     except HomespecError as exc:
         response = _refusal(exc)
@@ -367,7 +373,16 @@ async def _complete(
     headers = {"X-Request-Id": rid}
     if body.stream:
         interval_s = daemon.server.stream_interval_ms / 1000.0
-        events = _sse(worker, req, env, notes, on_done, interval_s)
+        items = worker.stream(rid, req, on_done, batch_s=interval_s)
+        head = None
+        if not counted:  # the response starts with the first token, or is the engine's refusal
+            try:
+                head = await anext(items)
+            except HomespecError as exc:
+                response = _refusal(exc)
+                response.headers.update(headers)
+                return response
+        events = _sse(head, items, env, notes, worker.name)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     text: list[str] = []
     stats: GenerationStats | None = None
@@ -391,22 +406,27 @@ async def _complete(
 
 
 async def _sse(
-    worker: PairWorker,
-    req: GenerationRequest,
+    head: list[Chunk] | GenerationStats | None,
+    rest: AsyncGenerator[list[Chunk] | GenerationStats, None],
     env: Envelope,
     notes: list[str],
-    on_done: Callable[[Outcome], None],
-    interval_s: float,
+    pair: str,
 ) -> AsyncIterator[str]:
-    """One event per batch of tokens the engine sent together (server.stream_interval_ms)."""
+    """One event per batch of tokens the engine sent together (server.stream_interval_ms):
+    `head` when it was taken from the worker's stream before the response started, then the
+    `rest`. Leaving early closes the worker's stream, which cancels the request (a request
+    still queued never reaches the engine)."""
     first = True
     try:
-        async for item in worker.stream(env.id, req, on_done, batch_s=interval_s):
-            if isinstance(item, GenerationStats):
-                yield env.last_chunk(item, homespec_extra(item, worker.name, notes))
-            elif text := "".join(c.text for c in item):
-                yield env.chunk(text, first=first)
-                first = False
+        async with aclosing(rest):
+            item = head if head is not None else await anext(rest, None)
+            while item is not None:
+                if isinstance(item, GenerationStats):
+                    yield env.last_chunk(item, homespec_extra(item, pair, notes))
+                elif text := "".join(c.text for c in item):
+                    yield env.chunk(text, first=first)
+                    first = False
+                item = await anext(rest, None)
     except HomespecError as exc:
         yield sse(error_body(str(exc), exc.openai_type))
     except Exception as exc:  # the headers are out: report in-band, never a broken stream

@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from homespec.engine.protocol import (
     Steps,
 )
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
-from homespec.errors import EngineCrashed, HomespecError, QueueFull, RequestError
+from homespec.errors import EngineCrashed, HomespecError, QueueFull
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
 from homespec.resources import Machine
 from homespec.vocab import PairMode
@@ -62,7 +62,7 @@ class Outcome:
     """How a request ended, for the log and the metrics."""
 
     stats: GenerationStats | None
-    status: str  # ok | cancelled | error | engine_crashed
+    status: str  # ok | cancelled | error | engine_crashed (| refused: not recorded)
     error: str = ""
     signal: str = ""  # engine_crashed: the signal that ended the engine
     sent: int = 0  # answer tokens the client was sent before it left
@@ -377,8 +377,8 @@ class PairWorker:
     # --- requests ----------------------------------------------------------------------------
 
     async def check_prompt(self, req: GenerationRequest) -> None:
-        """Refuse a prompt that cannot fit the context before queueing it (400, both sizes).
-        The engine tokenizes it on its reader thread, beside any running request."""
+        """Refuse a prompt that cannot fit the context (or be rendered) before it queues: the
+        engine's RequestError, counted on its reader thread beside any running request."""
         if self._engine is None:
             return
         qid = next(self._qids)
@@ -390,12 +390,6 @@ class PairWorker:
         counted = await fut
         if counted.failure is not None:
             raise_failure(counted.failure)
-        if counted.n_tokens >= counted.n_ctx:
-            raise RequestError(
-                f"the prompt is {counted.n_tokens} tokens and pair {self.name!r} has a "
-                f"{counted.n_ctx}-token context",
-                "shorten the prompt (the context holds the prompt and the answer)",
-            )
 
     def admit(self) -> None:
         """Take a place in the queue, or raise QueueFull. Each admit() is followed by exactly
@@ -415,7 +409,7 @@ class PairWorker:
         *,
         batch_s: float = 0.0,
         first_at_once: bool = True,
-    ) -> AsyncIterator[list[Chunk] | GenerationStats]:
+    ) -> AsyncGenerator[list[Chunk] | GenerationStats, None]:
         """Run an admitted `req` in the engine and yield its chunks (one per token) in the
         batches the engine sent them in (`batch_s`, `first_at_once`: protocol.Generate),
         then its stats. A consumer that stops early cancels it (the engine stops at its next
@@ -448,7 +442,11 @@ class PairWorker:
                             raise crashed
                         assert isinstance(msg, Finished)
                         if msg.failure is not None:
-                            outcome = Outcome(None, "error", str(msg.failure))
+                            # The client's mistake, found as the engine started (a request
+                            # not counted first): a refusal, as check_prompt's would be.
+                            refused = msg.failure.kind == "RequestError" and not sent
+                            status = "refused" if refused else "error"
+                            outcome = Outcome(None, status, str(msg.failure))
                             raise_failure(msg.failure)
                         if msg.stats is not None:
                             if msg.chunks:
@@ -469,7 +467,9 @@ class PairWorker:
                 outcome = Outcome(None, "error", str(exc))
             raise
         finally:
-            if outcome.status != "ok":
+            if outcome.status == "refused":
+                self.release()  # a 400, logged nowhere, like a refusal before queueing
+            elif outcome.status != "ok":
                 self._finish(outcome, on_done)
 
     def _finish(self, outcome: Outcome, on_done: Callable[[Outcome], None]) -> None:
