@@ -72,6 +72,8 @@ def stats_line(stats: dict[str, Any]) -> str:
             f"accepted {stats['accepted_tokens']}/{stats['proposed_tokens']} "
             f"({stats['accept_rate']:.0%})"
         )
+    if stats.get("queue_ms", 0) >= 10:  # a daemon's answer that waited for others
+        parts.append(f"queued {stats['queue_ms']:.0f} ms")
     parts += [
         f"ttft {stats['ttft_ms']:.0f} ms",
         f"e2e {stats['e2e_ms']:.0f} ms",

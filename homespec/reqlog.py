@@ -102,6 +102,7 @@ class ReportRow:
     ttft_p95: float | None
     e2e_p50: float | None
     e2e_p95: float | None
+    queue_p95: float | None  # waiting for the engine, in the ttft and e2e above
     tokens_per_s: float | None
     accept_rate: float | None
     speculative_share: float
@@ -114,6 +115,7 @@ def _row(key: str, recs: list[dict[str, Any]]) -> ReportRow:
     ok = [r for r in recs if r.get("outcome") == "ok"]
     ttft = [float(r["ttft_ms"]) for r in ok if r.get("ttft_ms") is not None]
     e2e = [float(r["e2e_ms"]) for r in ok if r.get("e2e_ms") is not None]
+    queue = [float(r.get("queue_ms") or 0.0) for r in ok]  # none in logs older than the field
     tps = [float(r["tokens_per_s"]) for r in ok if r.get("tokens_per_s")]
     proposed = sum(int(r.get("proposed_tokens") or 0) for r in ok)
     accepted = sum(int(r.get("accepted_tokens") or 0) for r in ok)
@@ -126,6 +128,7 @@ def _row(key: str, recs: list[dict[str, Any]]) -> ReportRow:
         ttft_p95=_pct(ttft, 95),
         e2e_p50=_pct(e2e, 50),
         e2e_p95=_pct(e2e, 95),
+        queue_p95=_pct(queue, 95),
         tokens_per_s=statistics.median(tps) if tps else None,
         accept_rate=accepted / proposed if proposed else None,
         speculative_share=spec / len(ok) if ok else 0.0,
@@ -177,13 +180,13 @@ def render(rows: list[ReportRow], by: str) -> Iterator[str]:
 
     yield (
         f"{by:<14} {'reqs':>5} {'err':>4} {'ttft p50':>9} {'p95':>6} {'e2e p50':>8} {'p95':>6} "
-        f"{'tok/s':>6} {'accept':>7} {'spec':>5}"
+        f"{'queue p95':>9} {'tok/s':>6} {'accept':>7} {'spec':>5}"
     )
     for r in rows:
         accept = "—" if r.accept_rate is None else f"{r.accept_rate:.0%}"
         tps = "—" if r.tokens_per_s is None else f"{r.tokens_per_s:.1f}"
         yield (
             f"{r.key:<14} {r.requests:>5} {r.errors:>4} {ms(r.ttft_p50):>9} {ms(r.ttft_p95):>6} "
-            f"{ms(r.e2e_p50):>8} {ms(r.e2e_p95):>6} {tps:>6} {accept:>7} "
+            f"{ms(r.e2e_p50):>8} {ms(r.e2e_p95):>6} {ms(r.queue_p95):>9} {tps:>6} {accept:>7} "
             f"{r.speculative_share:>5.0%}"
         )

@@ -231,6 +231,36 @@ def test_burst_over_the_queue_gets_503s_and_the_rest_succeed(daemon: Daemon) -> 
     assert busy.headers["retry-after"] and busy.json()["error"]["type"] == "server_busy"
 
 
+def test_a_request_that_waited_counts_its_wait_in_ttft_and_e2e_but_not_in_tok_s(
+    daemon: Daemon,
+) -> None:
+    body = {"messages": user(LONG), "max_tokens": 120, "speculative": False}
+    answers: dict[str, httpx.Response] = {}
+
+    def ask(key: str) -> None:
+        answers[key] = daemon.post(CHAT, body)
+
+    first = threading.Thread(target=ask, args=("first",))
+    first.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pairs = daemon.get("/homespec/status").json()["pairs"]
+        if any(p["name"] == "smollm2" and p["queue_depth"] for p in pairs):
+            break
+        time.sleep(0.01)
+    ask("second")  # behind the first: 120 tokens of 5 ms
+    first.join()
+    a, b = (answers[k].json()["homespec"] for k in ("first", "second"))
+    generating = a["e2e_ms"] - a["queue_ms"]
+    assert a["queue_ms"] < generating / 4 < b["queue_ms"]
+    assert b["ttft_ms"] > b["queue_ms"] and b["e2e_ms"] > b["queue_ms"] + generating / 2
+    # tok/s is the pair's speed, the same for both; over e2e the second's would look halved.
+    assert b["tokens_per_s"] > 0.7 * a["tokens_per_s"]
+    assert 1000 * b["completion_tokens"] / b["e2e_ms"] < 0.8 * b["tokens_per_s"]
+    logged = {x["id"]: x for x in read_log(daemon)}[answers["second"].headers["x-request-id"]]
+    assert logged["queue_ms"] == b["queue_ms"] and logged["ttft_ms"] == b["ttft_ms"]
+
+
 def test_client_disconnect_stops_generation(daemon: Daemon) -> None:
     body = {"messages": user(LONG), "max_tokens": 400, "stream": True, "speculative": False}
     with httpx.stream("POST", daemon.url + CHAT, json=body, timeout=60) as r:

@@ -79,6 +79,14 @@ def test_report_percentiles_accept_rate_and_speculative_share() -> None:
     assert next(render(rows, "pair")).startswith("pair")
 
 
+def test_report_shows_how_long_requests_waited_and_reads_logs_from_before_the_field() -> None:
+    waited = [rec(NOW - i) | {"queue_ms": 40.0 * i} for i in range(20)]
+    (row,), _ = report([*waited, rec(NOW - 1)], since_s=3600, by="pair", now=NOW)
+    assert row.queue_p95 is not None and 700 < row.queue_p95 < 800
+    header, line = render([row], "pair")
+    assert "queue p95" in header and f"{row.queue_p95:.0f}" in line.split()
+
+
 def test_window_and_grouping_by_task() -> None:
     records = [rec(NOW - 10, task="code"), rec(NOW - 20, task="extract"), rec(NOW - 7200)]
     rows, _ = report(records, since_s=parse_since("1h"), by="task", now=NOW)

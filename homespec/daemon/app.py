@@ -36,8 +36,8 @@ from homespec.daemon.openai_api import (
     homespec_extra,
     sse,
 )
+from homespec.daemon.outcome import Outcome
 from homespec.daemon.service import Daemon, DaemonConfig
-from homespec.daemon.worker import Outcome
 from homespec.engine.types import Chunk, GenerationStats
 from homespec.errors import (
     HomespecError,
@@ -327,6 +327,7 @@ async def _complete(
     body: ChatCompletionRequest | CompletionRequest,
     request: Request,
 ) -> Response:
+    arrived = time.perf_counter()  # the stats' queue_ms, ttft and e2e count from here
     rid = daemon.new_id()
     limit = daemon.server.max_tokens_limit
     try:
@@ -373,7 +374,7 @@ async def _complete(
     headers = {"X-Request-Id": rid}
     if body.stream:
         interval_s = daemon.server.stream_interval_ms / 1000.0
-        items = worker.stream(rid, req, on_done, batch_s=interval_s)
+        items = worker.stream(rid, req, on_done, batch_s=interval_s, arrived=arrived)
         head = None
         if not counted:  # the response starts with the first token, or is the engine's refusal
             try:
@@ -387,7 +388,9 @@ async def _complete(
     text: list[str] = []
     stats: GenerationStats | None = None
     try:
-        batched = worker.stream(rid, req, on_done, batch_s=UNSTREAMED_BATCH_S, first_at_once=False)
+        batched = worker.stream(
+            rid, req, on_done, batch_s=UNSTREAMED_BATCH_S, first_at_once=False, arrived=arrived
+        )
         async for item in batched:
             if isinstance(item, GenerationStats):
                 stats = item

@@ -18,9 +18,10 @@ from typing import Any
 from homespec import __version__
 from homespec.daemon import rpc_watch
 from homespec.daemon.metrics import Metrics
+from homespec.daemon.outcome import Outcome
 from homespec.daemon.settling import Settling
 from homespec.daemon.systemd import notify
-from homespec.daemon.worker import Outcome, PairWorker
+from homespec.daemon.worker import PairWorker
 from homespec.engine.estimates import cost_report
 from homespec.engine.types import GenerationRequest
 from homespec.errors import HomespecError, UnknownModel
@@ -376,6 +377,7 @@ class Daemon:
                 "accept_rate",
                 "ttft_ms",
                 "e2e_ms",
+                "queue_ms",
                 "tokens_per_s",
                 "finish_reason",
                 "draft_steps",

@@ -17,13 +17,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from homespec import errors
 from homespec.daemon.crashes import EngineDeath, recover
 from homespec.daemon.engine import EngineProcess
 from homespec.daemon.memory_watch import DraftWatch, decide, draft_site
+from homespec.daemon.outcome import Outcome, raise_failure
 from homespec.daemon.settling import Settling
 from homespec.daemon.states import TRANSITIONS, WorkerState
 from homespec.engine import learned
@@ -37,7 +37,6 @@ from homespec.engine.protocol import (
     DraftAttached,
     DraftDetached,
     EngineInfo,
-    Failure,
     Finished,
     Generate,
     Load,
@@ -47,7 +46,7 @@ from homespec.engine.protocol import (
     Steps,
 )
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
-from homespec.errors import EngineCrashed, HomespecError, QueueFull
+from homespec.errors import EngineCrashed, QueueFull
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
 from homespec.resources import Machine
 from homespec.vocab import PairMode
@@ -55,25 +54,6 @@ from homespec.vocab import PairMode
 LOG = logging.getLogger("homespec.daemon")
 ROLLING = 50  # requests in the rolling accept rate
 STOP_TIMEOUT_S = 30.0
-
-
-@dataclass
-class Outcome:
-    """How a request ended, for the log and the metrics."""
-
-    stats: GenerationStats | None
-    status: str  # ok | cancelled | error | engine_crashed (| refused: not recorded)
-    error: str = ""
-    signal: str = ""  # engine_crashed: the signal that ended the engine
-    sent: int = 0  # answer tokens the client was sent before it left
-
-
-def raise_failure(f: Failure) -> None:
-    """Raise the engine's error as the daemon's own exception class (errors.py)."""
-    cls = getattr(errors, f.kind, None)
-    if not (isinstance(cls, type) and issubclass(cls, HomespecError)):
-        cls = errors.EngineError
-    raise cls(f.what, f.hint)
 
 
 class PairWorker:
@@ -409,12 +389,15 @@ class PairWorker:
         *,
         batch_s: float = 0.0,
         first_at_once: bool = True,
+        arrived: float | None = None,
     ) -> AsyncGenerator[list[Chunk] | GenerationStats, None]:
         """Run an admitted `req` in the engine and yield its chunks (one per token) in the
         batches the engine sent them in (`batch_s`, `first_at_once`: protocol.Generate),
         then its stats. A consumer that stops early cancels it (the engine stops at its next
         step). The outcome is recorded once, before the consumer sees the end: a response is
-        logged first."""
+        logged first. Its stats count from `arrived` (time.perf_counter(), default now): the
+        wait for the engine is their `queue_ms`, and in their ttft and e2e."""
+        arrived = time.perf_counter() if arrived is None else arrived
         outcome = Outcome(None, "cancelled", "client disconnected")
         finished = False
         sent = 0
@@ -429,6 +412,7 @@ class PairWorker:
                 self._streams[rid] = inbox
                 try:
                     engine.send(Generate(rid, req, batch_s, first_at_once))
+                    queue_ms = (time.perf_counter() - arrived) * 1000.0
                     while not finished:
                         msg = await inbox.get()
                         if isinstance(msg, Steps):
@@ -452,9 +436,15 @@ class PairWorker:
                             if msg.chunks:
                                 sent += len(msg.chunks)
                                 yield msg.chunks
-                            outcome = Outcome(msg.stats, "ok")
+                            stats = replace(
+                                msg.stats,
+                                queue_ms=queue_ms,
+                                ttft_ms=queue_ms + msg.stats.ttft_ms,
+                                e2e_ms=queue_ms + msg.stats.e2e_ms,
+                            )
+                            outcome = Outcome(stats, "ok")
                             self._finish(outcome, on_done)
-                            yield msg.stats
+                            yield stats
                 finally:
                     self._streams.pop(rid, None)
                     if not finished and self._engine is engine and engine is not None:

@@ -67,6 +67,10 @@ class GenerationStats:
     draft_steps: int = 0  # of those, the ones that carried at least one draft token
     ttft_ms: float = 0.0
     e2e_ms: float = 0.0
+    # In the daemon, how long the request waited before its engine started it (behind other
+    # requests of its pair, and counting its prompt); 0 in-process. ttft_ms and e2e_ms include
+    # it, as the client waited it; tokens_per_s does not, being the pair's speed.
+    queue_ms: float = 0.0
     finish_reason: str = "length"
     prompt_format: str = "chat template"  # or a plain transcript for base models, or raw
     # accepted_per_position[i] counts steps whose draft token i (0-based) was accepted.
@@ -80,7 +84,8 @@ class GenerationStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.completion_tokens / (self.e2e_ms / 1000.0) if self.e2e_ms > 0 else 0.0
+        ms = self.e2e_ms - self.queue_ms
+        return self.completion_tokens / (ms / 1000.0) if ms > 0 else 0.0
 
     @property
     def mean_accepted_length(self) -> float | None:
@@ -96,6 +101,7 @@ class GenerationStats:
         )
         d["ttft_ms"] = round(self.ttft_ms, 1)
         d["e2e_ms"] = round(self.e2e_ms, 1)
+        d["queue_ms"] = round(self.queue_ms, 1)
         return d
 
 
