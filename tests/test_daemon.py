@@ -302,6 +302,7 @@ def test_metrics_parse_with_prometheus_client(daemon: Daemon) -> None:
         "homespec_draft_accepted_at_position",
         "homespec_ttft_seconds",
         "homespec_e2e_seconds",
+        "homespec_queue_seconds",
         "homespec_pair_mode",
         "homespec_queue_depth",
     ):

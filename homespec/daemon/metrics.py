@@ -37,14 +37,21 @@ class Metrics:
         )
         self.ttft = Histogram(
             "homespec_ttft_seconds",
-            "Time to first token",
+            "Time to first token, from the request's arrival (its wait in the queue included)",
             ["pair"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.e2e = Histogram(
             "homespec_e2e_seconds",
-            "Request latency, end to end",
+            "Request latency, end to end, from the request's arrival",
+            ["pair"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.waited = Histogram(
+            "homespec_queue_seconds",
+            "Time a request waited before its engine started it (behind the pair's others)",
             ["pair"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -121,6 +128,7 @@ class Metrics:
                 self.per_position.labels(pair, str(i)).inc(n)
         self.ttft.labels(pair).observe(stats.ttft_ms / 1000.0)
         self.e2e.labels(pair).observe(stats.e2e_ms / 1000.0)
+        self.waited.labels(pair).observe(stats.queue_ms / 1000.0)
         if stats.threads:
             self.threads.labels(pair).set(stats.threads)
 
