@@ -99,6 +99,13 @@ class Reloaded:
         return "reloaded: " + "; ".join(parts + list(self.notes))
 
 
+# GenerationStats fields a request's log line leaves out: the response, /metrics and status
+# carry them (mean_accepted_length follows from the logged counts).
+UNLOGGED = frozenset(
+    {"prompt_format", "accepted_per_position", "mean_accepted_length", "threads", "threads_reason"}
+)
+
+
 class Daemon:
     def __init__(self, config: DaemonConfig, probe: Callable[[], Machine] = probe_machine) -> None:
         """`probe`: what the memory watch samples (resources.probe_machine; tests script it)."""
@@ -365,25 +372,7 @@ class Daemon:
         if outcome.status == "cancelled":
             rec["completion_tokens"] = outcome.sent  # what the client got before it left
         if s is not None:
-            d = s.to_dict()
-            for key in (
-                "mode",
-                "drafter",
-                "reason",
-                "prompt_tokens",
-                "completion_tokens",
-                "proposed_tokens",
-                "accepted_tokens",
-                "accept_rate",
-                "ttft_ms",
-                "e2e_ms",
-                "queue_ms",
-                "tokens_per_s",
-                "finish_reason",
-                "draft_steps",
-                "verify_steps",
-            ):
-                rec[key] = d[key]
+            rec |= {k: v for k, v in s.to_dict().items() if k not in UNLOGGED}
         try:
             self.log.append(rec)
             self.log_error = ""

@@ -370,13 +370,12 @@ class Engine:
 
     def _count(self, msg: CountPrompt) -> None:
         assert self.session is not None
-        rt = self.session.runtime
         try:
-            n = len(prompt_tokens(rt, msg.req)[0])
+            prompt_tokens(self.session.runtime, msg.req)  # raises where generating would
         except Exception as exc:
-            self.send(Counted(msg.qid, 0, rt.target.n_ctx, failure(exc)))
+            self.send(Counted(msg.qid, failure(exc)))
             return
-        self.send(Counted(msg.qid, n, rt.target.n_ctx))
+        self.send(Counted(msg.qid))
 
 
 def main(argv: list[str], opener: Opener = open_llama) -> int:

@@ -174,7 +174,8 @@ class Finished:
 
 @dataclass(frozen=True)
 class Counted:
+    """The prompt fits the context and renders (no failure), or why not: what generating
+    it would raise first."""
+
     qid: int
-    n_tokens: int
-    n_ctx: int
     failure: Failure | None = None
