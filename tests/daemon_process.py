@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -27,6 +28,14 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+CHAT = "/v1/chat/completions"
+LONG = "forever Once upon a time, a lighthouse keeper kept a very long watch. "
+
+
+def user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -176,3 +185,9 @@ def fake_engine(
         proc.wait()
         conn.close()
         site.close()
+
+
+def read_log(daemon: Daemon) -> list[dict[str, object]]:
+    """The daemon's request log, a record a line."""
+    lines = (daemon.state_dir / "requests.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]

@@ -1,7 +1,8 @@
 """The daemon as a real process on loopback, its engines running the scripted fake target
 (tests/fake_engine.py: homespec's own engine program and protocol, no model files): the OpenAI
-SDK, raw HTTP errors, the queue, disconnects, the request log under kill -9, SIGTERM draining,
-metrics, status/report. test_daemon_models.py runs what needs the real demo pair."""
+SDK, raw HTTP errors, the request log under kill -9, SIGTERM draining, metrics, status/report.
+test_daemon_queue.py has the queue and clients that leave; test_daemon_models.py what needs the
+real demo pair."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import asyncio
 import json
 import signal
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,9 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from homespec.cli import cli
 from homespec.daemon.serve import bind
 
-from .daemon_process import Daemon, fake_daemon, fake_manifest_file
+from .daemon_process import CHAT, LONG, Daemon, fake_daemon, fake_manifest_file, read_log, user
 
-CHAT = "/v1/chat/completions"
 STATS_KEYS = {
     "proposed_tokens",
     "accepted_tokens",
@@ -36,13 +35,6 @@ STATS_KEYS = {
     "mode",
     "reason",
 }
-
-
-def user(text: str) -> list[dict[str, str]]:
-    return [{"role": "user", "content": text}]
-
-
-LONG = "forever Once upon a time, a lighthouse keeper kept a very long watch. "
 
 
 @pytest.fixture(scope="module")
@@ -166,121 +158,12 @@ def test_client_mistakes_get_400_envelopes(
     assert err["type"] == "invalid_request_error" and needle in err["message"], err
 
 
-def test_prompt_longer_than_the_context_names_both_sizes(daemon: Daemon) -> None:
-    r = daemon.post(CHAT, {"messages": user("word " * 300), "max_tokens": 8})
-    assert r.status_code == 400
-    message = r.json()["error"]["message"]
-    assert "1024-token context" in message and "the prompt is 15" in message  # 1500 bytes + 11
-
-
-def test_a_prompt_over_the_context_is_a_400_streamed_or_queued_and_never_logged(
-    daemon: Daemon,
-) -> None:
-    too_long = {"messages": user("word " * 300), "max_tokens": 8}
-    # On an idle pair the engine counts it as it starts: still a 400, not an event stream.
-    r = daemon.post(CHAT, {**too_long, "stream": True})
-    assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
-    assert "1024-token context" in r.json()["error"]["message"] and r.headers["x-request-id"]
-
-    # Behind a running request it is counted before it queues: answered while that one runs.
-    running = threading.Event()
-    body = {"messages": user(LONG), "max_tokens": 400, "stream": True, "speculative": False}
-
-    def long_answer() -> None:
-        with httpx.stream("POST", daemon.url + CHAT, json=body, timeout=60) as s:
-            for line in s.iter_lines():
-                if '"content"' in line:
-                    running.set()
-
-    t = threading.Thread(target=long_answer)
-    t.start()
-    assert running.wait(30)
-    for stream in (False, True):
-        r = daemon.post(CHAT, {**too_long, "stream": stream})
-        assert r.status_code == 400 and "1024-token context" in r.json()["error"]["message"]
-    assert t.is_alive()  # 400 tokens of 5 ms: the refusals did not wait for it
-    t.join()
-    refused = [x for x in read_log(daemon) if "token context" in str(x.get("error"))]
-    assert refused == [] and read_log(daemon)[-1]["outcome"] == "ok"
-
-
 def test_unknown_route_and_oversized_body(daemon: Daemon) -> None:
     r = daemon.get("/v1/nope")
     assert r.status_code == 404 and "error" in r.json()
     big = {"messages": user("x" * 2_000_000)}
     r = daemon.post(CHAT, big)
     assert r.status_code == 413 and "request body over" in r.json()["error"]["message"]
-
-
-def test_burst_over_the_queue_gets_503s_and_the_rest_succeed(daemon: Daemon) -> None:
-    results: list[httpx.Response] = []
-
-    def one() -> None:
-        body = {"messages": user(LONG), "max_tokens": 48}
-        results.append(daemon.post(CHAT, body))
-
-    threads = [threading.Thread(target=one) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    codes = sorted(r.status_code for r in results)
-    assert 503 in codes and 200 in codes, codes
-    assert set(codes) <= {200, 503}
-    busy = next(r for r in results if r.status_code == 503)
-    assert busy.headers["retry-after"] and busy.json()["error"]["type"] == "server_busy"
-
-
-def test_a_request_that_waited_counts_its_wait_in_ttft_and_e2e_but_not_in_tok_s(
-    daemon: Daemon,
-) -> None:
-    body = {"messages": user(LONG), "max_tokens": 120, "speculative": False}
-    answers: dict[str, httpx.Response] = {}
-
-    def ask(key: str) -> None:
-        answers[key] = daemon.post(CHAT, body)
-
-    first = threading.Thread(target=ask, args=("first",))
-    first.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        pairs = daemon.get("/homespec/status").json()["pairs"]
-        if any(p["name"] == "smollm2" and p["queue_depth"] for p in pairs):
-            break
-        time.sleep(0.01)
-    ask("second")  # behind the first: 120 tokens of 5 ms
-    first.join()
-    a, b = (answers[k].json()["homespec"] for k in ("first", "second"))
-    generating = a["e2e_ms"] - a["queue_ms"]
-    assert a["queue_ms"] < generating / 4 < b["queue_ms"]
-    assert b["ttft_ms"] > b["queue_ms"] and b["e2e_ms"] > b["queue_ms"] + generating / 2
-    # tok/s is the pair's speed, the same for both; over e2e the second's would look halved.
-    assert b["tokens_per_s"] > 0.7 * a["tokens_per_s"]
-    assert 1000 * b["completion_tokens"] / b["e2e_ms"] < 0.8 * b["tokens_per_s"]
-    logged = {x["id"]: x for x in read_log(daemon)}[answers["second"].headers["x-request-id"]]
-    assert logged["queue_ms"] == b["queue_ms"] and logged["ttft_ms"] == b["ttft_ms"]
-
-
-def test_client_disconnect_stops_generation(daemon: Daemon) -> None:
-    body = {"messages": user(LONG), "max_tokens": 400, "stream": True, "speculative": False}
-    with httpx.stream("POST", daemon.url + CHAT, json=body, timeout=60) as r:
-        rid = r.headers["x-request-id"]
-        for n, _ in enumerate(r.iter_lines()):
-            if n >= 6:
-                break  # leave mid-stream
-    deadline = time.monotonic() + 30
-    record = None
-    while time.monotonic() < deadline and record is None:
-        record = next((x for x in read_log(daemon) if x["id"] == rid), None)
-        time.sleep(0.1)
-    assert record is not None and record["outcome"] == "cancelled", record
-    status = daemon.get("/homespec/status").json()
-    assert all(p["queue_depth"] == 0 for p in status["pairs"])
-
-
-def read_log(daemon: Daemon) -> list[dict[str, object]]:
-    lines = (daemon.state_dir / "requests.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
 
 
 def test_every_request_is_one_log_line_with_its_stats(daemon: Daemon) -> None:
