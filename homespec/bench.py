@@ -34,6 +34,7 @@ import httpx
 
 from homespec import heap
 from homespec.bench_remote import WARM_UP, Remote, run_remote, warm_up
+from homespec.bench_standing import standings
 from homespec.engine.calibration import calibrate
 from homespec.engine.chat_text import chat_tokens
 from homespec.engine.generate import PairRuntime, generate
@@ -336,6 +337,7 @@ class BenchReport:
             "repeat": self.repeat,
             "modes": self.modes,
             "tasks": [r.to_dict() for r in self.rows],
+            "auto_standing": [s.to_dict() for s in standings(self.rows)],
             "plan": self.plan.to_dict(),
             "memory": self.memory,
         }

@@ -258,7 +258,8 @@ def bench(
     median e2e and ttft, accept rate, mean accepted drafts per step, speedup vs plain (ratio of
     tok/s from this run, with the per-prompt min–max) and the share of answers identical to
     plain decoding's. With --against, other servers get the same requests, interleaved with
-    homespec's, and their speedup is against homespec plain.
+    homespec's, and their speedup is against homespec plain. Under the table, auto's tok/s per
+    task over plain's, over the fastest forced mode's and over the fastest other server's.
 
     Each repeat starts with an empty n-gram memory, except with --against: the other servers'
     memories cannot be emptied (llama-server's ngram-mod), so homespec's is kept as well and
@@ -267,6 +268,7 @@ def bench(
     load_llama_first()
     from homespec.bench import bench_pair, render_table
     from homespec.bench_remote import parse_against
+    from homespec.bench_standing import render_standings, standings
     from homespec.doctor import render_memory
     from homespec.errors import ConfigError
     from homespec.manifest import load_manifest
@@ -295,6 +297,9 @@ def bench(
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         click.echo(render_table(report.rows))
+        standing = render_standings(standings(report.rows))
+        if standing:
+            click.echo("\n" + standing)
         p = report.plan
         click.echo(f"\nmemory plan: {p.rung} → {p.mode} ({p.reason})")
         click.echo(render_memory(report.memory))

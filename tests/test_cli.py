@@ -241,6 +241,17 @@ def test_bench_json_reports_each_mode_per_task(demo_manifest: Manifest, tmp_path
             assert row["speedup_min"] <= row["speedup"] + 1e-9
             assert row["speedup"] <= row["speedup_max"] + 1e-9
     assert rows[("all", "model")]["runs"] == 2
+    # where auto stands: its tok/s over plain's and over the fastest forced mode's, same run
+    standing = {s["task"]: s for s in payload["auto_standing"]}
+    assert set(standing) == {"repeat", "short", "all"}
+    for task, s in standing.items():
+        auto = rows[(task, "auto")]["tokens_per_s"]
+        forced = {m: rows[(task, m)]["tokens_per_s"] for m in ("model", "ngram", "hybrid")}
+        best = max(forced, key=lambda m: forced[m])
+        assert s["best_forced"] == best
+        assert s["vs_best_forced"] == pytest.approx(auto / forced[best], abs=2e-3)
+        assert s["vs_plain"] == pytest.approx(auto / rows[(task, "plain")]["tokens_per_s"], 2e-3)
+        assert s["best_other"] is None
 
 
 def test_bench_rejects_bad_workload_line(tmp_path: Path, demo_manifest: Manifest) -> None:
