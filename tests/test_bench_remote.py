@@ -14,6 +14,7 @@ import pytest
 
 from homespec.bench import Run, render_table, run_bench, summarize, warm_up_modes
 from homespec.bench_remote import Remote, parse_against, run_remote
+from homespec.bench_standing import standings
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
 from homespec.engine.types import GenerationStats, Message
@@ -43,7 +44,9 @@ def test_the_other_server_answers_the_same_requests_in_the_same_table(other: Dae
     )
     remote = parse_against(f"fake={other.url}/v1", 1)
     with httpx.Client(timeout=30) as client:
-        runs = run_bench(rt, items(), modes=["plain", "ngram"], remotes=[remote], client=client)
+        runs = run_bench(
+            rt, items(), modes=["plain", "ngram", "auto"], remotes=[remote], client=client
+        )
     assert [r.mode for r in runs].count("fake") == 2  # one per prompt, interleaved
     by = {(r.item, r.mode): r for r in runs}
     for item in range(2):
@@ -55,6 +58,12 @@ def test_the_other_server_answers_the_same_requests_in_the_same_table(other: Dae
     fake = rows[("all", "fake")]
     assert fake.identical == 1.0 and fake.speedup is not None and fake.speedup > 0
     assert "fake" in render_table(list(rows.values()))
+    # auto is held against the other server in the same run, and against forced n-gram
+    standing = {s.task: s for s in standings(list(rows.values()))}["all"]
+    assert (standing.other, standing.forced) == ("fake", "ngram")
+    assert standing.vs_other == pytest.approx(
+        rows[("all", "auto")].tokens_per_s / fake.tokens_per_s
+    )
 
 
 def test_against_values_are_checked() -> None:
