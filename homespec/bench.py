@@ -61,6 +61,7 @@ class Run:
     mode: str
     text: str
     stats: GenerationStats
+    other_server: bool = False  # another server's answer (--against), not homespec's own
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Row:
     speedup_max: float | None
     identical: float | None  # share of runs whose text equals plain's (temperature 0)
     reasons: list[str] = field(default_factory=list)
+    other_server: bool = False  # another server (--against) that is not a homespec daemon
 
     def to_dict(self) -> dict[str, Any]:
         r = _round
@@ -95,6 +97,7 @@ class Row:
             "ttft_ms": r(self.ttft_ms, 1),
             "identical": r(self.identical),
             "reasons": self.reasons,
+            "other_server": self.other_server,
         }
 
 
@@ -223,7 +226,7 @@ def run_bench(
                     time.sleep(SETTLE_S)
                 if mode in by_label:
                     assert client is not None
-                    text, stats = run_remote(
+                    text, stats, own = run_remote(
                         client,
                         by_label[mode],
                         item,
@@ -232,8 +235,8 @@ def run_bench(
                     )
                 else:
                     req = _request(item, mode, temperature, max_tokens, remember=mode == learns)
-                    text, stats = _run_one(rt, req)
-                runs.append(Run(item.task, idx, rep, mode, text, stats))
+                    (text, stats), own = _run_one(rt, req), True
+                runs.append(Run(item.task, idx, rep, mode, text, stats, other_server=not own))
                 rate = "" if stats.accept_rate is None else f", accept {stats.accept_rate:.0%}"
                 progress(
                     f"[{len(runs)}/{total}] {item.task} #{idx + 1} {mode}: "
@@ -293,6 +296,7 @@ def summarize(runs: list[Run], *, temperature: float = 0.0) -> list[Row]:
                 speedup_max=hi,
                 identical=identical,
                 reasons=sorted({r.stats.reason for r in rs}),
+                other_server=any(r.other_server for r in rs),
             )
         )
     order = {t: i for i, t in enumerate(dict.fromkeys(r.task for r in runs))}

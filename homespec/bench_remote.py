@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -66,6 +66,12 @@ def _payload(messages: list[dict[str, str]], max_tokens: int, temperature: float
     }
 
 
+class Answer(NamedTuple):
+    text: str
+    stats: GenerationStats
+    homespec: bool  # the server sent homespec's own stats: a homespec daemon, not another server
+
+
 def run_remote(
     client: httpx.Client,
     remote: Remote,
@@ -73,7 +79,7 @@ def run_remote(
     *,
     temperature: float,
     max_tokens: int | None,
-) -> tuple[str, GenerationStats]:
+) -> Answer:
     messages = [{"role": m.role, "content": m.content} for m in item.messages]
     limit = min(item.max_tokens, max_tokens) if max_tokens else item.max_tokens
     return _stream(client, remote, _payload(messages, limit, temperature))
@@ -84,9 +90,7 @@ def warm_up(client: httpx.Client, remote: Remote) -> None:
     _stream(client, remote, _payload(WARM_UP, 8, 0.0))
 
 
-def _stream(
-    client: httpx.Client, remote: Remote, payload: dict[str, Any]
-) -> tuple[str, GenerationStats]:
+def _stream(client: httpx.Client, remote: Remote, payload: dict[str, Any]) -> Answer:
     stats = GenerationStats(mode="plain", reason=f"{remote.label}: {remote.url}", drafter="none")
     parts: list[str] = []
     chunks = 0
@@ -135,4 +139,4 @@ def _stream(
         stats.proposed_tokens = proposed
         accepted = timings.get("draft_n_accepted") or own.get("accepted_tokens")
         stats.accepted_tokens = int(accepted or 0)
-    return "".join(parts), stats
+    return Answer("".join(parts), stats, bool(own))

@@ -43,7 +43,8 @@ class Standing:
 
 def standings(rows: list[Row]) -> list[Standing]:
     """One Standing per task that ran `auto` and something to hold it against, in the table's
-    order. A mode that is not one of homespec's (BENCH_MODES) is another server's label."""
+    order. A homespec daemon benched with --against (scripts/llama_server_compare.sh puts one
+    beside llama-server) is homespec, not another server: it is not held against."""
     by_task: dict[str, list[Row]] = {}
     for row in rows:
         by_task.setdefault(row.task, []).append(row)
@@ -54,7 +55,7 @@ def standings(rows: list[Row]) -> list[Standing]:
             continue
         plain = next((r for r in group if r.mode == "plain"), None)
         forced = _fastest(r for r in group if r.mode in FORCED)
-        other = _fastest(r for r in group if r.mode not in BENCH_MODES)
+        other = _fastest(r for r in group if r.other_server)
         if plain is None and forced is None and other is None:
             continue
         out.append(

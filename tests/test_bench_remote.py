@@ -6,6 +6,7 @@ pair is the same fake target, so both must give the same answers; timings come f
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,12 +59,40 @@ def test_the_other_server_answers_the_same_requests_in_the_same_table(other: Dae
     fake = rows[("all", "fake")]
     assert fake.identical == 1.0 and fake.speedup is not None and fake.speedup > 0
     assert "fake" in render_table(list(rows.values()))
-    # auto is held against the other server in the same run, and against forced n-gram
+    # the fake server is a homespec daemon: auto is held against forced n-gram, not against it
     standing = {s.task: s for s in standings(list(rows.values()))}["all"]
-    assert (standing.other, standing.forced) == ("fake", "ngram")
-    assert standing.vs_other == pytest.approx(
-        rows[("all", "auto")].tokens_per_s / fake.tokens_per_s
-    )
+    assert not fake.other_server
+    assert (standing.other, standing.forced) == (None, "ngram")
+
+
+def llama_server_like(request: httpx.Request) -> httpx.Response:
+    """An OpenAI-compatible stream as llama-server sends it: no `homespec` stats."""
+    events = [
+        {"choices": [{"delta": {"content": "Hello"}, "finish_reason": None}]},
+        {"choices": [{"delta": {"content": " there"}, "finish_reason": "stop"}]},
+        {
+            "choices": [],
+            "usage": {"completion_tokens": 2, "prompt_tokens": 9},
+            "timings": {"draft_n": 4, "draft_n_accepted": 1},
+        },
+    ]
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+
+def test_auto_is_held_against_a_server_that_is_not_homespec() -> None:
+    spec = PairSpec(target="t", draft="d")
+    rt = PairRuntime("p", spec, FakeTarget(), ModelDrafter(FakeTarget()), NgramDrafter())
+    remote = Remote("llama", "http://llama.test")
+    with httpx.Client(transport=httpx.MockTransport(llama_server_like)) as client:
+        text, stats, own = run_remote(client, remote, items()[1], temperature=0.0, max_tokens=8)
+        runs = run_bench(rt, items(), modes=["plain", "auto"], remotes=[remote], client=client)
+    assert (text, own) == ("Hello there", False)
+    assert (stats.proposed_tokens, stats.accepted_tokens) == (4, 1)
+    rows = summarize(runs)
+    assert {r.mode for r in rows if r.other_server} == {"llama"}
+    standing = {s.task: s for s in standings(rows)}["all"]
+    assert standing.other == "llama" and standing.vs_other is not None
 
 
 def test_against_values_are_checked() -> None:
@@ -194,9 +223,10 @@ def test_a_homespec_daemons_own_draft_counts_reach_the_table(other: Daemon) -> N
     """A homespec daemon has no llama-server `timings`: its `homespec` stats give the row's
     accept rate (scripts/llama_server_compare.sh puts the daemon beside llama-server)."""
     with httpx.Client(timeout=30) as client:
-        _, stats = run_remote(
+        _, stats, own = run_remote(
             client, Remote("own", other.url), items()[0], temperature=0.0, max_tokens=40
         )
+    assert own  # homespec itself: `auto` is not held against it as against another server
     assert stats.mode == "speculative" and stats.drafter != "none"
     assert 0 < stats.accepted_tokens <= stats.proposed_tokens
     assert stats.accept_rate is not None and 0 < stats.accept_rate <= 1

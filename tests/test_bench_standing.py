@@ -8,8 +8,10 @@ from homespec.bench import Row
 from homespec.bench_standing import render_standings, standings
 
 
-def row(task: str, mode: str, tps: float) -> Row:
-    return Row(task, mode, 2, tps, 1000.0, 50.0, None, None, None, None, None, None)
+def row(task: str, mode: str, tps: float, *, server: bool = False) -> Row:
+    return Row(
+        task, mode, 2, tps, 1000.0, 50.0, None, None, None, None, None, None, other_server=server
+    )
 
 
 def test_auto_is_held_against_plain_the_fastest_forced_mode_and_the_fastest_other_server() -> None:
@@ -19,8 +21,9 @@ def test_auto_is_held_against_plain_the_fastest_forced_mode_and_the_fastest_othe
         row("code", "ngram", 150.0),
         row("code", "hybrid", 120.0),
         row("code", "auto", 165.0),
-        row("code", "llama-ngram-mod", 140.0),
-        row("code", "llama-plain", 75.0),
+        row("code", "llama-ngram-mod", 140.0, server=True),
+        row("code", "llama-plain", 75.0, server=True),
+        row("code", "homespec-daemon", 170.0),  # homespec itself, through HTTP: not held against
     ]
     [s] = standings(rows)
     assert s.task == "code"
@@ -52,7 +55,7 @@ def test_a_task_without_auto_or_without_anything_to_hold_it_against_has_no_stand
 
 
 def test_the_json_names_what_auto_was_held_against() -> None:
-    rows = [row("x", "plain", 50.0), row("x", "auto", 100.0), row("x", "other", 80.0)]
+    rows = [row("x", "plain", 50.0), row("x", "auto", 100.0), row("x", "other", 80.0, server=True)]
     d = standings(rows)[0].to_dict()
     assert d == {
         "task": "x",
