@@ -37,6 +37,34 @@ def test_learned_acceptance_survives_a_round_trip_through_json() -> None:
             assert a.prior == b.prior
 
 
+def test_how_long_each_tasks_answers_run_survives_a_restart() -> None:
+    before = Ledger()
+    before.observe_answer("json", 181)
+    before.observe_answer(None, 12)
+    before.acceptance("json")["model"].record(4, 4)
+    state = json.loads(json.dumps(before.acceptance_state()))
+    after = Ledger()
+    after.restore_acceptance(state)
+    assert after.answers == {"json": 181.0, None: 12.0}
+    # so a restarted pair expects the long task's next answer to run long from its start
+    assert after.horizon("json", generated=8, room=400) == before.horizon("json", 8, 400) > 100
+    # a file from before lengths were kept restores its acceptance and nothing else
+    old = {k: v for k, v in state.items() if k != "answers"}
+    older = Ledger()
+    assert older.restore_acceptance(old) == 1 and older.answers == {}
+
+
+def test_damaged_answer_lengths_are_skipped_and_this_processs_own_win() -> None:
+    state = Ledger().acceptance_state()
+    ledger = Ledger()
+    ledger.observe_answer("kept", 40)
+    lengths = {"kept": 900, "neg": -5, "nan": float("nan"), "big": 1e12, "text": "7", "yes": True}
+    ledger.restore_acceptance({**state, "answers": {**lengths, "ok": 77}})
+    assert ledger.answers == {"kept": 40.0, "ok": 77.0}
+    ledger.restore_acceptance({**state, "answers": ["not", "a", "table"]})
+    assert ledger.answers == {"kept": 40.0, "ok": 77.0}
+
+
 def test_a_damaged_or_foreign_state_is_never_trusted() -> None:
     good = Ledger()
     good.acceptance("code")["model"].record(4, 4)

@@ -1,7 +1,8 @@
-"""What the governor learned about acceptance, kept in a small JSON file across engine
-restarts (the daemon's state dir, one file per pair), so a restarted pair drafts from what it
-knew instead of from priors. Written whole to a temporary file and renamed over the old one:
-a crash mid-write leaves the previous file, never half a file."""
+"""What the governor learned about acceptance, and how long each task's answers run, kept in a
+small JSON file across engine restarts (the daemon's state dir, one file per pair), so a
+restarted pair drafts from what it knew instead of from priors. Written whole to a temporary
+file and renamed over the old one: a crash mid-write leaves the previous file, never half a
+file."""
 
 from __future__ import annotations
 

@@ -39,6 +39,7 @@ SLOWDOWN_ALPHA = 0.2  # weight of one target decode in Ledger.slowdown
 DRIFT_BAND = 1.5
 AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, within these
 MAX_TASKS = 64  # task names are the client's: a bounded table
+MAX_ANSWER = 1 << 20  # tokens; a restored typical length beyond it is damage, not a length
 V = TypeVar("V")
 KNOWN_KEYS = {"model", *(f"ngram@{b}" for b in MATCH_BUCKETS)}  # Ledger.by_task's keys
 
@@ -269,8 +270,11 @@ class Ledger:
         return statistics.median(self.answers.values()) if self.answers else HORIZON_UNKNOWN
 
     def acceptance_state(self) -> dict[str, Any]:
-        """What was learned about acceptance, as JSON-able data (kept across restarts; costs
-        are not: they are measured again at every load)."""
+        """What was learned about acceptance, and how long each task's answers typically run,
+        as JSON-able data (kept across restarts; costs are not: they are measured again at
+        every load). Without the lengths, every task was a task never seen after a restart:
+        its first answer was expected at the other tasks' length, and a draft model that pays
+        on its long answers was not caught up on the prompt until one had ended."""
         return {
             "version": STATE_VERSION,
             "tasks": {
@@ -280,6 +284,7 @@ class Ledger:
                 }
                 for task, table in self.by_task.items()
             },
+            "answers": {"" if task is None else task: n for task, n in self.answers.items()},
         }
 
     def restore_acceptance(self, state: Any) -> int:
@@ -307,7 +312,18 @@ class Ledger:
             if accs and len(self.by_task) < MAX_TASKS:
                 self.by_task[task] = accs
                 restored += 1
+        self._restore_answers(state.get("answers"))
         return restored
+
+    def _restore_answers(self, answers: Any) -> None:
+        """Typical answer lengths from a state (absent in older files: nothing to restore);
+        a length this process already learned wins, anything but a plausible one is skipped."""
+        for name, raw in (answers if isinstance(answers, dict) else {}).items():
+            task = name or None
+            if task in self.answers or isinstance(raw, bool) or not isinstance(raw, int | float):
+                continue
+            if 0 < raw <= MAX_ANSWER and len(self.answers) < MAX_TASKS:
+                self.answers[task] = float(raw)
 
     @property
     def draft_ms(self) -> float | None:
