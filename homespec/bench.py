@@ -235,7 +235,8 @@ def run_bench(
                     )
                 else:
                     req = _request(item, mode, temperature, max_tokens, remember=mode == learns)
-                    (text, stats), own = _run_one(rt, req), True
+                    text, stats = _run_one(rt, req)
+                    own = True
                 runs.append(Run(item.task, idx, rep, mode, text, stats, other_server=not own))
                 rate = "" if stats.accept_rate is None else f", accept {stats.accept_rate:.0%}"
                 progress(

@@ -9,6 +9,7 @@ one tok/s over another from the same run, never across runs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -88,7 +89,7 @@ def render_standings(rows: list[Standing]) -> str:
     return "\n".join(lines)
 
 
-def _fastest(rows: Any) -> Row | None:
+def _fastest(rows: Iterable[Row]) -> Row | None:
     return max(rows, key=lambda r: r.tokens_per_s, default=None)
 
 
