@@ -13,12 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from homespec.vocab import BENCH_MODES
+from homespec.vocab import DRAFTERS
 
 if TYPE_CHECKING:
     from homespec.bench import Row
-
-FORCED = tuple(m for m in BENCH_MODES if m not in ("plain", "auto"))
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ def standings(rows: list[Row]) -> list[Standing]:
         if auto is None or auto.tokens_per_s <= 0:
             continue
         plain = next((r for r in group if r.mode == "plain"), None)
-        forced = _fastest(r for r in group if r.mode in FORCED)
+        forced = _fastest(r for r in group if r.mode in DRAFTERS)
         other = _fastest(r for r in group if r.other_server)
         if plain is None and forced is None and other is None:
             continue
