@@ -18,6 +18,8 @@
 #    reached like llama-server is, over HTTP, streamed, a fresh connection per request: the row
 #    to hold against llama-server's, since that is what a client of either server gets.
 #
+# PY (default .venv/bin/python) is the Python that runs homespec: on the GPU machine, the
+# machine's own python3 (../shared/gpu/README.md; scripts/gpu_tables.sh runs this script there).
 # THREADS (default: what homespec uses) sets both systems' CPU threads (the daemon runs at the
 # pair's models.toml setting: it is left out when THREADS differs); GPU_LAYERS (default 0)
 # the llama-server layers on a GPU for a CUDA build. DAEMON=0 leaves the daemon out.
@@ -30,8 +32,8 @@ cd "$(dirname "$0")/.."
 say() { printf '\033[1mcompare:\033[0m %s\n' "$*" >&2; }
 die() { printf 'Error: %s\n' "$*" >&2; exit 1; }
 
-PY=.venv/bin/python
-[ -x "$PY" ] || die "no .venv here — run ./scripts/install.sh first"
+PY=${PY:-.venv/bin/python}
+command -v "$PY" >/dev/null || die "no $PY here — run ./scripts/install.sh first (or set PY)"
 VER=$("$PY" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
 OWN_THREADS=$("$PY" -c '
 from homespec.engine.neighbours import physical_cores
