@@ -1,0 +1,39 @@
+"""The workloads the repository ships: the bench's default one and the held-out ones under
+scripts/workloads/ that README's "Where auto still falls short" was measured on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from homespec.errors import ConfigError
+from homespec.workload import default_workload, load_workload
+
+WORKLOADS = Path(__file__).resolve().parent.parent / "scripts" / "workloads"
+HELD_OUT = sorted(WORKLOADS.glob("*.jsonl"))
+
+
+def _prompts(path: Path) -> set[str]:
+    return {"\n".join(m.content for m in item.messages) for item in load_workload(path)}
+
+
+def test_the_held_out_workloads_are_there() -> None:
+    assert [p.name for p in HELD_OUT] == ["unseen-1.jsonl", "unseen-2.jsonl", "unseen-3.jsonl"]
+
+
+@pytest.mark.parametrize("path", HELD_OUT, ids=lambda p: p.name)
+def test_a_held_out_workload_loads_and_shares_no_prompt_with_the_default(path: Path) -> None:
+    items = load_workload(path)
+    assert len(items) == 12
+    assert all(item.max_tokens >= 1 and item.messages for item in items)
+    assert not _prompts(path) & _prompts(default_workload())
+
+
+def test_a_workload_with_a_bad_role_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    good = '{"task": "t", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}'
+    bad = '{"task": "t", "messages": [{"role": "robot", "content": "hi"}]}'
+    path.write_text(f"{good}\n\n{bad}\n")
+    with pytest.raises(ConfigError, match=r"w\.jsonl:3: messages\.0\.role"):
+        load_workload(path)
