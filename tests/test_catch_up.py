@@ -7,7 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from homespec.engine.drafters import shared_prefix
 from homespec.engine.estimates import Acceptance, CostCurve
 from homespec.engine.governor import TRIAL_TRIES, Choice, Inputs, Option, best_k, choose
 from homespec.engine.ledger import Ledger
@@ -335,3 +338,31 @@ def test_a_catch_up_is_spread_over_the_part_of_the_answer_the_draft_model_serves
     assert "lookup leaves" not in whole.reason
     # Caught up (a step's own 1-2 token lag), nothing is spread: lookup's share is no matter.
     assert pick(0.9, lag=2).speedup == pytest.approx(pick(0.0, lag=2).speedup)
+
+
+@given(
+    st.lists(st.integers(0, 3), max_size=200),
+    st.lists(st.integers(0, 3), max_size=60),
+    st.lists(st.integers(0, 3), max_size=60),
+    st.booleans(),
+)
+def test_shared_prefix_is_where_a_cache_and_the_history_part(
+    common: list[int], cache_tail: list[int], history_tail: list[int], swap: bool
+) -> None:
+    """A draft model's lag is the history past this: its cache holds what it decoded (drafts
+    the target rejected included), the history what was committed."""
+    cached, history = common + cache_tail, common + history_tail
+    if swap:
+        cached, history = history, cached
+    n = min(len(cached), len(history))
+    expected = next((i for i in range(n) if cached[i] != history[i]), n)
+    assert shared_prefix(cached, history) == expected
+
+
+@pytest.mark.parametrize("length", [1, 17, 100, 2048])
+def test_shared_prefix_finds_a_parting_at_every_position(length: int) -> None:
+    history = list(range(length))
+    for at in range(length):
+        cached = [*history[:at], -1, *history[at + 1 :]]
+        assert shared_prefix(cached, history) == at
+    assert shared_prefix(history, [*history, 5]) == length

@@ -121,11 +121,23 @@ class ModelDrafter:
 
 
 def shared_prefix(cached: list[int], history: list[int]) -> int:
-    """How much of `history` a context already holds (it only ever falls behind at the end)."""
+    """How much of `history` a context already holds: the length of their common prefix.
+
+    Asked every step the governor runs with a draft model, whose cache then usually holds
+    drafts the target did not keep: the two part near the end. Halving with slice compares
+    (C loops) finds where: 9 us at 1,900 tokens and 32 at 8,000 here, where a Python loop
+    from the start took 37 and 159, a GPU's whole step being 2-3 ms."""
     n = min(len(cached), len(history))
     if cached[:n] == history[:n]:
         return n
-    return next(i for i in range(n) if cached[i] != history[i])
+    lo, hi = 0, n  # cached[:lo] == history[:lo]; they differ within [lo, hi)
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        if cached[lo:mid] == history[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return next(i for i in range(lo, hi) if cached[i] != history[i])
 
 
 class NgramDrafter:
