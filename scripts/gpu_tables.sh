@@ -9,11 +9,11 @@
 #   source .gpu-build/env.sh && ./scripts/gpu_tables.sh [extra `homespec bench` options]
 #
 # Writes gpu.txt (the card), doctor.txt (the measured decode costs: is the curve flat?),
-# step_overhead.txt (homespec's own µs per step outside llama_decode: at 700+ tok/s a
-# millisecond matters), compare.txt (the table, and under it auto against plain, the best
-# forced mode and the best llama-server configuration per task) and the servers' logs into
-# $OUT (the device tool's folder; ./gpu-tables elsewhere), and prints the tables. About 5
-# minutes on one H100 once llama.cpp is built (2 on this 2-core CPU for --task short).
+# compare.txt (the table, and under it auto against plain, the best forced mode and the best
+# llama-server configuration per task), the servers' logs and step_overhead.txt (homespec's
+# own µs per step outside llama_decode: at 700+ tok/s a millisecond matters) into $OUT (the
+# device tool's folder; ./gpu-tables elsewhere), and prints the tables. About 5 minutes on one
+# H100 once llama.cpp is built (2 on a 2-core CPU for --task short).
 #
 # PY: the Python that runs homespec (python3 where the tree has no .venv: on-device.sh's);
 # LLAMA_SERVER_BIN: the llama-server (default: the one on PATH); GPU_LAYERS: llama-server's
@@ -50,11 +50,14 @@ say "measured decode costs (doctor --measure)"
 "$PY" -m homespec doctor --measure >"$DEST/doctor.txt" 2>&1 || true
 grep -E '^pair|GPUs|  (plan|costs|measured) |^ {10}(one|the)|^    (target|draft) ' "$DEST/doctor.txt" || true
 
-say "homespec's own time per step outside llama_decode (step_overhead.py)"
-"$PY" scripts/step_overhead.py --json "$DEST/step_overhead.json" | tee "$DEST/step_overhead.txt"
-
+# The tables first: device time is short, and what a timeout cuts should be the extra.
 say "homespec (in-process modes and daemon) against llama-server"
 LLAMA_SERVER_BIN=$SERVER GPU_LAYERS=${GPU_LAYERS:-999} \
   ./scripts/llama_server_compare.sh --modes plain,model,ngram,hybrid,auto "$@" \
-  2>"$DEST/compare.log" | tee "$DEST/compare.txt"
-say "wrote $DEST: gpu.txt doctor.txt step_overhead.txt compare.txt compare.log"
+  2>"$DEST/compare.log" | tee "$DEST/compare.txt" \
+  || say "the compare failed: see $DEST/compare.log"
+
+say "homespec's own time per step outside llama_decode (step_overhead.py)"
+"$PY" scripts/step_overhead.py --json "$DEST/step_overhead.json" 2>&1 \
+  | tee "$DEST/step_overhead.txt" || say "step_overhead.py failed: see $DEST/step_overhead.txt"
+say "wrote $DEST: gpu.txt doctor.txt compare.txt compare.log step_overhead.txt"
