@@ -84,6 +84,11 @@ def cli(verbose: bool) -> None:
 @click.option("--temperature", type=click.FloatRange(0.0, 5.0), help="0 = greedy.")
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True))
 @click.option("--top-k", type=click.IntRange(0))
+@click.option(
+    "--min-p",
+    type=click.FloatRange(0.0, 1.0),
+    help="Keep tokens at least this × as likely as the likeliest (0 = off).",
+)
 @click.option("--seed", type=click.IntRange(0), help="Sampling seed (temperature > 0).")
 @click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
@@ -106,6 +111,7 @@ def ask(
     temperature: float | None,
     top_p: float | None,
     top_k: int | None,
+    min_p: float | None,
     seed: int | None,
     max_tokens: int,
     stop: tuple[str, ...],
@@ -139,6 +145,7 @@ def ask(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
+        min_p=min_p,
         seed=seed,
         stop=list(stop),
         task=task,

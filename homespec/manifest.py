@@ -104,6 +104,7 @@ class Sampling(_Strict):
     temperature: float = Field(0.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = off")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="0 = off")
     seed: int | None = Field(None, ge=0)
 
 

@@ -138,6 +138,11 @@ def test_text_completions_and_models(daemon: Daemon) -> None:
             400,
             "max_tokens 100000 is over this daemon's limit of 512",
         ),
+        (  # llama.cpp's name for it: the same cap
+            b'{"messages": [{"role": "user", "content": "x"}], "n_predict": 100000}',
+            400,
+            "max_tokens 100000 is over this daemon's limit of 512",
+        ),
         (b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n:"),
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages.0.role"),
         (b'{"model": "smollm2", "messages": []}', 400, "messages"),
@@ -147,7 +152,17 @@ def test_text_completions_and_models(daemon: Daemon) -> None:
             "invalid request: messages.0: content[0] has type 'image_url': only text parts",
         ),
     ],
-    ids=["malformed", "wrong-type", "bad-max-tokens", "over-limit", "n", "role", "empty", "image"],
+    ids=[
+        "malformed",
+        "wrong-type",
+        "bad-max-tokens",
+        "over-limit",
+        "n-predict-over-limit",
+        "n",
+        "role",
+        "empty",
+        "image",
+    ],
 )
 def test_client_mistakes_get_400_envelopes(
     daemon: Daemon, body: bytes, status: int, needle: str

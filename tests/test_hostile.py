@@ -160,6 +160,12 @@ BODIES = [
     ),
     Bad("tools", 400, "tools", body=chat(tools=[{"type": "function", "function": {"name": "f"}}])),
     Bad("logprobs", 400, "logprobs", body=chat(logprobs=True)),
+    # other servers' samplers
+    Bad("a llama.cpp grammar", 400, "grammar", body=chat(grammar='root ::= "a"')),
+    Bad("a repeat penalty", 400, "repeat_penalty", body=chat(repeat_penalty=1.3)),
+    Bad("vLLM's guided JSON", 400, "guided_json", body=chat(guided_json={"type": "object"})),
+    Bad("min_p above 1", 400, "min_p", body=chat(min_p=3)),
+    Bad("n_predict 0", 400, "n_predict", body=chat(n_predict=0)),
     # homespec's extras
     Bad("speculative maybe", 400, "speculative", body=chat(speculative="maybe")),
     Bad("an unknown drafter", 400, "drafter", body=chat(drafter="wizard")),

@@ -25,6 +25,7 @@ CHAT = [Message("system", "Be brief."), Message("user", "Name a fruit.")]
             temperature=0.7,
             top_p=0.9,
             top_k=40,
+            min_p=0.05,
             seed=3,
             stop=["\n\n", "END"],
             task="code",
@@ -129,6 +130,47 @@ def test_completion_fields_that_ask_for_nothing_are_accepted() -> None:
     assert body.to_generation(default_max_tokens=5).prompt == "def f("
 
 
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"repeat_penalty": 1.1}, "repeat_penalty=1.1"),
+        ({"mirostat": 2}, "mirostat=2"),
+        ({"typical_p": 0.9}, "typical_p"),
+        ({"grammar": 'root ::= "yes" | "no"'}, "grammar="),
+        ({"json_schema": {"type": "object"}}, "json_schema="),
+        ({"guided_choice": ["yes", "no"]}, "guided_choice="),
+        ({"dry_multiplier": 0.8}, "dry_multiplier"),
+        ({"xtc_probability": 0.5}, "xtc_probability"),
+        ({"ignore_eos": True}, "ignore_eos=true"),
+        ({"min_tokens": 10}, "min_tokens"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"repeat_penalty": [1, 2]}, "repeat_penalty=[1, 2]"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"n_predict": 0}, "n_predict 0"),
+        ({"n_predict": 5, "max_tokens": 6}, "disagree"),
+    ],
+)
+def test_other_servers_sampling_fields_are_refused_by_name_unless_they_ask_for_nothing(
+    extra: dict[str, Any], named: str
+) -> None:
+    """A client moved over from llama-server or vLLM sends their samplers' settings; taken
+    in silence, its answers would pass for ones made with them."""
+    with pytest.raises(ValidationError, match=re.escape(named)):
+        ChatCompletionRequest.model_validate(chat(**extra))
+
+
+def test_min_p_and_n_predict_are_honoured() -> None:
+    req = ChatCompletionRequest.model_validate(chat(min_p=0.1, n_predict=12))
+    gen = req.to_generation(default_max_tokens=99)
+    assert (gen.min_p, gen.max_tokens) == (0.1, 12)
+    raw = CompletionRequest.model_validate({"prompt": "x", "n_predict": 7})
+    assert raw.to_generation(default_max_tokens=99).max_tokens == 7
+    # -1 is llama.cpp's "no cap": the daemon's default applies
+    assert ChatCompletionRequest.model_validate(chat(n_predict=-1)).asked_tokens() is None
+    same = ChatCompletionRequest.model_validate(chat(n_predict=6, max_tokens=6))
+    assert same.to_generation(default_max_tokens=99).max_tokens == 6
+
+
 def test_fields_that_ask_for_nothing_are_accepted() -> None:
     body = ChatCompletionRequest.model_validate(
         chat(
@@ -139,6 +181,19 @@ def test_fields_that_ask_for_nothing_are_accepted() -> None:
             response_format={"type": "text"},
             tool_choice="none",
             metadata={"k": "v"},
+            # llama-server's own defaults for its samplers that are off
+            repeat_penalty=1.0,
+            mirostat=0,
+            typical_p=1.0,
+            grammar="",
+            json_schema=None,
+            dry_multiplier=0.0,
+            xtc_probability=0.0,
+            top_n_sigma=-1.0,
+            ignore_eos=False,
+            n_probs=0,
+            cache_prompt=True,
+            samplers=["top_k", "top_p", "min_p", "temperature"],
         )
     )
     assert body.to_generation(default_max_tokens=5).max_tokens == 5

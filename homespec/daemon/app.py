@@ -344,8 +344,7 @@ async def _complete(
                 f"pair {worker.name!r} is not ready: the target model is still loading",
                 "retry shortly",
             )
-        cap = body.max_completion_tokens if isinstance(body, ChatCompletionRequest) else None
-        asked = cap or body.max_tokens
+        asked = body.asked_tokens()
         if asked is not None and asked > limit:
             raise RequestError(
                 f"max_tokens {asked} is over this daemon's limit of {limit}",

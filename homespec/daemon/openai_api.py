@@ -4,14 +4,19 @@ Only what homespec can honour is accepted; OpenAI fields it cannot honour in a w
 change the answer (n > 1, tools, logprobs, penalties, logit_bias, a response_format other than
 text, image parts; for completions echo, suffix, best_of > 1, token-id prompts) are refused
 with a 400 that names them, and fields that cannot change the answer (user, metadata, a zero
-penalty, ...) are ignored. The extras homespec adds: `speculative` (true | false | "auto"),
-`task`, `draft_tokens`, `drafter`.
+penalty, ...) are ignored. So are the sampling extensions other local servers take (llama.cpp's
+`grammar`, `mirostat`, `repeat_penalty`, vLLM's `guided_json`, ...: `EXTENSIONS`) unless they
+ask for nothing: a client moved over from one of them keeps its settings, and an answer made
+without them must not pass for one made with them. Honoured beyond OpenAI's own: `top_k`,
+`min_p`, and llama.cpp's `n_predict` (its name for max_tokens). The extras homespec adds:
+`speculative` (true | false | "auto"), `task`, `draft_tokens`, `drafter`.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -21,6 +26,34 @@ from homespec.manifest import MAX_DRAFT_TOKENS
 from homespec.vocab import Drafter
 
 Speculative = bool | Literal["auto"]
+
+
+def _off(*neutral: Any) -> Callable[[Any], bool]:
+    return lambda v: v is None or v in neutral
+
+
+# Other servers' sampling fields that change the answer, each with the values that ask for
+# nothing (what those servers take as "off"); anything else is refused by name.
+EXTENSIONS: dict[str, Callable[[Any], bool]] = {
+    "repeat_penalty": _off(1, 1.0),
+    "typical_p": _off(1, 1.0),
+    "tfs_z": _off(1, 1.0),
+    "mirostat": _off(0, False),
+    "dry_multiplier": _off(0, 0.0),
+    "xtc_probability": _off(0, 0.0),
+    "dynatemp_range": _off(0, 0.0),
+    "top_n_sigma": lambda v: v is None or (isinstance(v, int | float) and v <= 0),
+    "ignore_eos": _off(False),
+    "min_tokens": _off(0),
+    "n_probs": _off(0),
+    "top_logprobs": _off(0),
+    "grammar": lambda v: not v,
+    "json_schema": lambda v: not v,
+    "guided_json": lambda v: not v,
+    "guided_regex": lambda v: not v,
+    "guided_choice": lambda v: not v,
+    "guided_grammar": lambda v: not v,
+}
 
 
 class ContentPart(BaseModel):
@@ -97,13 +130,27 @@ class _Common(BaseModel):
         problem = _bad_text(data, "")
         if problem:
             raise ValueError(f"{problem}: send plain text")
+        if isinstance(data, dict):
+            for name, asks_nothing in EXTENSIONS.items():
+                value = data.get(name)
+                try:
+                    neutral = asks_nothing(value)
+                except TypeError:  # unhashable: a list or an object where a number goes
+                    neutral = False
+                if not neutral:
+                    raise ValueError(
+                        f"{name}={json.dumps(value)[:80]} is not supported (homespec samples "
+                        "with temperature, top_p, top_k and min_p only): leave it out"
+                    )
         return data
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1, le=1_048_576)  # the largest n_ctx
+    n_predict: int | None = Field(None, ge=-1, le=1_048_576)  # llama.cpp's max_tokens; -1: none
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = Field(None, ge=0)
     stop: str | list[str] | None = None
     stream: bool = False
@@ -153,7 +200,21 @@ class _Common(BaseModel):
                 f"response_format {self.response_format.get('type')!r} is not supported "
                 "(homespec does not constrain output): leave it out or use type text"
             )
+        if self.n_predict == 0:
+            raise ValueError("n_predict 0 asks for no answer: send max_tokens of 1 or more")
+        predicted = self.n_predict if self.n_predict and self.n_predict > 0 else None
+        if self.max_tokens and predicted and predicted != self.max_tokens:
+            raise ValueError(
+                f"max_tokens {self.max_tokens} and n_predict {predicted} disagree "
+                "(n_predict is llama.cpp's name for max_tokens): send one of them"
+            )
         return self
+
+    def asked_tokens(self) -> int | None:
+        """The answer's cap the client asked for, if any: max_tokens, else llama.cpp's
+        n_predict (-1 there: no cap of its own)."""
+        predicted = self.n_predict if self.n_predict and self.n_predict > 0 else None
+        return self.max_tokens or predicted
 
     def generation(self, **kw: Any) -> GenerationRequest:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -162,6 +223,7 @@ class _Common(BaseModel):
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
+            min_p=self.min_p,
             seed=self.seed,
             stop=stops,
             task=self.task,
@@ -180,8 +242,11 @@ class ChatCompletionRequest(_Common):
         msgs = [
             Message("system" if m.role == "developer" else m.role, m.text()) for m in self.messages
         ]
-        cap = self.max_completion_tokens or self.max_tokens or default_max_tokens
+        cap = self.asked_tokens() or default_max_tokens
         return self.generation(messages=msgs, max_tokens=cap)
+
+    def asked_tokens(self) -> int | None:
+        return self.max_completion_tokens or super().asked_tokens()
 
 
 class CompletionRequest(_Common):
@@ -213,7 +278,7 @@ class CompletionRequest(_Common):
 
     def to_generation(self, default_max_tokens: int) -> GenerationRequest:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        return self.generation(prompt=prompt, max_tokens=self.max_tokens or default_max_tokens)
+        return self.generation(prompt=prompt, max_tokens=self.asked_tokens() or default_max_tokens)
 
 
 def request_payload(req: GenerationRequest, pair: str | None) -> tuple[str, dict[str, Any]]:
@@ -225,6 +290,7 @@ def request_payload(req: GenerationRequest, pair: str | None) -> tuple[str, dict
         "temperature": req.temperature,
         "top_p": req.top_p,
         "top_k": req.top_k,
+        "min_p": req.min_p,
         "seed": req.seed,
         "stop": req.stop or None,
         "task": req.task,

@@ -71,6 +71,7 @@ def sampling_params(pair: PairSpec, req: GenerationRequest) -> SamplingParams:
         temperature=effective_temperature(pair, req),
         top_p=req.top_p if req.top_p is not None else s.top_p,
         top_k=req.top_k if req.top_k is not None else s.top_k,
+        min_p=req.min_p if req.min_p is not None else s.min_p,
         seed=req.seed if req.seed is not None else s.seed,
     )
 

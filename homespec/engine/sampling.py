@@ -1,8 +1,8 @@
 """Token sampling and the speculative acceptance rule, on numpy logits.
 
 Both the target and the draft distributions go through the same `distribution()` transform
-(temperature, top-k, top-p), so speculative sampling reproduces exactly the distribution that
-plain sampling with the same settings draws from.
+(temperature, then top-k, top-p and min-p), so speculative sampling reproduces exactly the
+distribution that plain sampling with the same settings draws from.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    min_p: float = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -29,7 +30,9 @@ class SamplingParams:
 
 
 def distribution(logits: Logits, params: SamplingParams) -> Probs:
-    """Probabilities after temperature, top-k and top-p (nucleus) filtering."""
+    """Probabilities after temperature, then top-k, top-p (nucleus) and min-p filtering, each
+    on the tempered distribution (as vLLM orders them; llama.cpp filters before its
+    temperature). min-p keeps the tokens at least `min_p` times as likely as the likeliest."""
     z = logits.astype(np.float64) / params.temperature
     if 0 < params.top_k < z.size:
         kth = np.partition(z, -params.top_k)[-params.top_k]
@@ -45,6 +48,9 @@ def distribution(logits: Logits, params: SamplingParams) -> Probs:
         mask = np.zeros_like(p)
         mask[keep] = 1.0
         p = p * mask
+        p /= p.sum()
+    if params.min_p > 0.0:
+        p = np.where(p >= params.min_p * p.max(), p, 0.0)  # the likeliest always stays
         p /= p.sum()
     return p
 

@@ -26,6 +26,7 @@ class GenerationRequest:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     task: str | None = None
