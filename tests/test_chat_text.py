@@ -13,6 +13,7 @@ import pytest
 from homespec.engine.chat_template import InvalidTemplate, TemplateError, render
 from homespec.engine.chat_text import chat_tokens, split_chat
 from homespec.engine.generate import prompt_tokens
+from homespec.engine.llama_backend import LlamaModel
 from homespec.engine.loader import LoadedPair
 from homespec.engine.types import GenerationRequest, Message
 from tests.fake_target import FakeVocab
@@ -152,3 +153,26 @@ def test_a_template_that_is_not_valid_jinja_is_rendered_by_llama_cpp_and_every_a
     fmt = json.loads(done.stdout)["stats"]["prompt_format"]
     assert fmt.startswith("llama.cpp's built-in look-alike of the chat template (")
     assert "not valid Jinja" in fmt
+
+
+@pytest.mark.models
+def test_kept_template_pieces_tokenize_as_llama_cpp_does_and_are_never_shared(
+    demo_pair: LoadedPair,
+) -> None:
+    """LlamaModel keeps short special-token texts tokenized (every chat repeats its template's
+    pieces): the tokens must be llama.cpp's own for the text, BOS or not, and a caller that
+    changes its list must not change the next caller's."""
+    model = demo_pair.runtime.target.model
+    assert isinstance(model, LlamaModel)
+    header = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+    for bos in (False, True):
+        fresh = model._tokenize(header, special=True, bos=bos)
+        first = model.tokenize(header, special=True, add_bos=bos)
+        first.append(-1)
+        assert model.tokenize(header, special=True, add_bos=bos) == fresh
+    assert fresh[:2] != model.tokenize(header, special=False)[:2]  # markers parsed, not text
+    # A long text is tokenized each time, not kept.
+    long = header + "word " * 200
+    assert (long, True) not in model._markup
+    assert model.tokenize(long, special=True) == model._tokenize(long, special=True, bos=True)
+    assert (long, True) not in model._markup

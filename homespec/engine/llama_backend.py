@@ -26,6 +26,10 @@ from homespec.engine.types import Message
 from homespec.errors import EngineError, RequestError
 
 LOG = logging.getLogger("homespec.llama")
+# Template pieces kept tokenized per model (LlamaModel.tokenize): texts up to this long, this
+# many of them (a chat template has a handful; raw prompts with control tokens come and go).
+MARKUP_MAX_CHARS = 512
+MARKUP_KEPT = 64
 
 # llama.cpp file types `homespec models derive --type` accepts (llama_ftype in llama.h).
 FILE_TYPES: dict[str, int] = {
@@ -136,14 +140,35 @@ class LlamaModel:
         # An ordinary token to fill a context with when measuring memory.
         self.filler_token: int = self.tokenize(" the", special=False)[-1]
         self._pieces: dict[int, bytes] = {}
+        self._markup: dict[tuple[str, bool], list[int]] = {}  # see tokenize
         self._template_problem: str | None = None
 
     def tokenize(self, text: str, *, special: bool, add_bos: bool | None = None) -> list[int]:
         """`special`: parse special tokens like <|im_end|> and, unless `add_bos` says
-        otherwise, add BOS if the model wants it."""
+        otherwise, add BOS if the model wants it.
+
+        Short texts with special tokens are kept tokenized: a chat's template pieces (the
+        header with the default system prompt, the turn markers) are the same in every
+        request, and tokenizing them came to 0.4 ms of each request's 0.55 ms of prompt work
+        here, on caches a decode had just cold (llama.cpp's tokenizer scans every control
+        token for them)."""
+        bos = special if add_bos is None else add_bos
+        key = (text, bos)
+        if special and len(text) <= MARKUP_MAX_CHARS:
+            known = self._markup.get(key)
+            if known is not None:
+                return list(known)
+        tokens = self._tokenize(text, special=special, bos=bos)
+        if special and len(text) <= MARKUP_MAX_CHARS:
+            if len(self._markup) >= MARKUP_KEPT:  # a raw-prompt client: start over
+                self._markup.clear()
+            self._markup[key] = tokens
+            return list(tokens)
+        return tokens
+
+    def _tokenize(self, text: str, *, special: bool, bos: bool) -> list[int]:
         raw = text.encode("utf-8")
         n_max = len(raw) + 8
-        bos = special if add_bos is None else add_bos
         buf = (lc.llama_token * n_max)()
         n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, n_max, bos, special)
         if n < 0:  # buffer too small: -n is the size needed
