@@ -79,10 +79,13 @@ def run_remote(
     *,
     temperature: float,
     max_tokens: int | None,
+    extra: dict[str, Any] | None = None,
 ) -> Answer:
+    """`item` streamed from `remote`; `extra`: more body fields (a homespec daemon's
+    `speculative`, `task`)."""
     messages = [{"role": m.role, "content": m.content} for m in item.messages]
     limit = min(item.max_tokens, max_tokens) if max_tokens else item.max_tokens
-    return _stream(client, remote, _payload(messages, limit, temperature))
+    return _stream(client, remote, {**_payload(messages, limit, temperature), **(extra or {})})
 
 
 def warm_up(client: httpx.Client, remote: Remote) -> None:

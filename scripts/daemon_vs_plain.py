@@ -35,54 +35,29 @@ from typing import Any
 
 import httpx
 
+from homespec.bench_remote import Remote, run_remote, warm_up
+from homespec.engine.types import GenerationStats
 from homespec.workload import WorkItem, default_workload, load_workload
 
-HELLO = [{"role": "user", "content": "Say hello."}]
 READY_WAIT_S = 600  # loading, calibrating and attaching the draft (about a minute here)
-
-
-@dataclass
-class Answer:
-    ms: float
-    tokens: int
-    text: str
 
 
 @dataclass
 class Pair:
     task: str
-    governed: Answer
-    plain: Answer
+    governed: GenerationStats
+    plain: GenerationStats
+    same: bool
 
     @property
     def ratio(self) -> float:
-        return (self.governed.tokens / self.governed.ms) / (self.plain.tokens / self.plain.ms)
+        return self.governed.tokens_per_s / self.plain.tokens_per_s
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def ask(client: httpx.Client, url: str, body: dict[str, Any]) -> Answer:
-    """One streamed chat completion; e2e from the request to the last byte."""
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    parts: list[str] = []
-    tokens = 0
-    t0 = time.perf_counter()
-    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            raise SystemExit(f"the daemon answered {r.status_code}: {r.read().decode()[:300]}")
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            for choice in event.get("choices", []):
-                parts.append(choice.get("delta", {}).get("content") or "")
-            if event.get("usage"):
-                tokens = int(event["usage"]["completion_tokens"])
-    return Answer((time.perf_counter() - t0) * 1000.0, tokens, "".join(parts))
 
 
 def wait_until_speculative(client: httpx.Client, url: str, daemon: subprocess.Popen[bytes]) -> None:
@@ -100,42 +75,44 @@ def wait_until_speculative(client: httpx.Client, url: str, daemon: subprocess.Po
     raise SystemExit(f"the daemon did not turn speculative in {READY_WAIT_S} s")
 
 
-def run(items: list[WorkItem], url: str, with_task: bool) -> list[Pair]:
+def run(items: list[WorkItem], daemon: Remote, with_task: bool) -> list[Pair]:
     out: list[Pair] = []
     with httpx.Client(timeout=600) as client:
         for n, item in enumerate(items, 1):
-            body: dict[str, Any] = {
-                "messages": [{"role": m.role, "content": m.content} for m in item.messages],
-                "max_tokens": item.max_tokens,
-                "temperature": 0,
-                "seed": 0,
-            }
-            if with_task:
-                body["task"] = item.task
+            task = {"task": item.task} if with_task else {}
             answers = []
             for speculative in ("auto", False):  # see the module docstring for the order
-                ask(client, url, {"messages": HELLO, "max_tokens": 8, "temperature": 0})
-                answers.append(ask(client, url, {**body, "speculative": speculative}))
-            pair = Pair(item.task, *answers)
+                warm_up(client, daemon)
+                extra = {**task, "speculative": speculative}
+                answers.append(
+                    run_remote(client, daemon, item, temperature=0.0, max_tokens=None, extra=extra)
+                )
+            governed, plain = answers
+            pair = Pair(item.task, governed.stats, plain.stats, governed.text == plain.text)
             out.append(pair)
             print(
-                f"[{n}/{len(items)}] {item.task}: {pair.plain.tokens} tok, plain "
-                f"{pair.plain.tokens / pair.plain.ms * 1000:.1f} tok/s, daemon "
-                f"{pair.governed.tokens / pair.governed.ms * 1000:.1f} ({pair.ratio:.2f}×)",
+                f"[{n}/{len(items)}] {item.task}: {plain.stats.completion_tokens} tok, plain "
+                f"{plain.stats.tokens_per_s:.1f} tok/s, daemon "
+                f"{governed.stats.tokens_per_s:.1f} ({pair.ratio:.2f}×)",
                 file=sys.stderr,
                 flush=True,
             )
     return out
 
 
+def _throughput(runs: list[GenerationStats]) -> float:
+    """Answer tokens per second of end-to-end time, over these answers together."""
+    return 1000.0 * sum(r.completion_tokens for r in runs) / sum(r.e2e_ms for r in runs)
+
+
 def table(pairs: list[Pair]) -> tuple[str, list[dict[str, Any]]]:
     rows: list[dict[str, Any]] = []
     for task in [*dict.fromkeys(p.task for p in pairs), "all"]:
         group = [p for p in pairs if task in ("all", p.task)]
-        plain = sum(p.plain.tokens for p in group) / sum(p.plain.ms for p in group) * 1000
-        gov = sum(p.governed.tokens for p in group) / sum(p.governed.ms for p in group) * 1000
+        plain = _throughput([p.plain for p in group])
+        gov = _throughput([p.governed for p in group])
         ratios = [p.ratio for p in group]
-        same = sum(p.plain.text == p.governed.text for p in group) / len(group)
+        same = sum(p.same for p in group) / len(group)
         rows.append(
             {
                 "task": task,
@@ -187,7 +164,7 @@ def main() -> None:
             print(f"homespec serve on {url} (log: {log}); waiting for its draft…", file=sys.stderr)
             with httpx.Client() as client:
                 wait_until_speculative(client, url, daemon)
-            pairs = run(items, url, args.with_task)
+            pairs = run(items, Remote("homespec-daemon", url), args.with_task)
         finally:
             daemon.terminate()
             daemon.wait(timeout=60)

@@ -36,6 +36,7 @@ def _off(*neutral: Any) -> Callable[[Any], bool]:
 # nothing (what those servers take as "off"); anything else is refused by name.
 EXTENSIONS: dict[str, Callable[[Any], bool]] = {
     "repeat_penalty": _off(1, 1.0),
+    "repetition_penalty": _off(1, 1.0),
     "typical_p": _off(1, 1.0),
     "tfs_z": _off(1, 1.0),
     "mirostat": _off(0, False),
@@ -161,7 +162,6 @@ class _Common(BaseModel):
     # name unless they ask for nothing (a zero penalty, an empty bias, plain text).
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     tool_choice: Any = None
@@ -191,8 +191,6 @@ class _Common(BaseModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise ValueError(f"{name} is not supported: send 0 or leave it out")
-        if self.repetition_penalty not in (None, 1.0):
-            raise ValueError("repetition_penalty is not supported: send 1 or leave it out")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
@@ -202,7 +200,7 @@ class _Common(BaseModel):
             )
         if self.n_predict == 0:
             raise ValueError("n_predict 0 asks for no answer: send max_tokens of 1 or more")
-        predicted = self.n_predict if self.n_predict and self.n_predict > 0 else None
+        predicted = self._predicted()
         if self.max_tokens and predicted and predicted != self.max_tokens:
             raise ValueError(
                 f"max_tokens {self.max_tokens} and n_predict {predicted} disagree "
@@ -210,11 +208,13 @@ class _Common(BaseModel):
             )
         return self
 
+    def _predicted(self) -> int | None:
+        """llama.cpp's n_predict as a cap (-1 there: no cap of its own)."""
+        return self.n_predict if self.n_predict and self.n_predict > 0 else None
+
     def asked_tokens(self) -> int | None:
-        """The answer's cap the client asked for, if any: max_tokens, else llama.cpp's
-        n_predict (-1 there: no cap of its own)."""
-        predicted = self.n_predict if self.n_predict and self.n_predict > 0 else None
-        return self.max_tokens or predicted
+        """The answer's cap the client asked for, if any: max_tokens, else n_predict."""
+        return self.max_tokens or self._predicted()
 
     def generation(self, **kw: Any) -> GenerationRequest:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

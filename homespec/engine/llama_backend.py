@@ -153,18 +153,15 @@ class LlamaModel:
         here, on caches a decode had just cold (llama.cpp's tokenizer scans every control
         token for them)."""
         bos = special if add_bos is None else add_bos
-        key = (text, bos)
-        if special and len(text) <= MARKUP_MAX_CHARS:
-            known = self._markup.get(key)
-            if known is not None:
-                return list(known)
-        tokens = self._tokenize(text, special=special, bos=bos)
-        if special and len(text) <= MARKUP_MAX_CHARS:
+        if not special or len(text) > MARKUP_MAX_CHARS:
+            return self._tokenize(text, special=special, bos=bos)
+        tokens = self._markup.get((text, bos))
+        if tokens is None:
+            tokens = self._tokenize(text, special=special, bos=bos)
             if len(self._markup) >= MARKUP_KEPT:  # a raw-prompt client: start over
                 self._markup.clear()
-            self._markup[key] = tokens
-            return list(tokens)
-        return tokens
+            self._markup[(text, bos)] = tokens
+        return list(tokens)  # the caller's to change
 
     def _tokenize(self, text: str, *, special: bool, bos: bool) -> list[int]:
         raw = text.encode("utf-8")
