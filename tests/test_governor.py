@@ -84,6 +84,34 @@ def test_n_gram_lookup_is_never_re_tried_while_the_draft_model_is() -> None:
     assert chosen.count(("model", EXPLORE_K)) == 2  # after EXPLORE_EVERY steps unused, each time
 
 
+def test_a_draft_model_is_re_tried_in_place_of_plain_steps_never_of_lookup_steps() -> None:
+    """Exploring costs the step it displaces. A lookup step that would run (a long match)
+    is a likely win to give up, and the steps where one comes right after the draft model
+    was idle are those of a prompt seen before (its answer is in the memory): a greeting
+    or a client's warm-up, the same one each time. Re-tried there, a draft whose first
+    token on that one prompt is a near-tie it loses was measured failing again and again,
+    and priced below plain on every task after it."""
+    ledger = Ledger(verify=curve(10.0, 2.0))
+    ledger.draft = CostCurve({1: 4.0, 2: 8.0})
+    ledger.by_task[None] = {"ngram@32": seen(0.95), "ngram@0": seen(0.1), "model": seen(0.3)}
+
+    def steps(match: int, match_len: int, n: int) -> list[tuple[Option, int]]:
+        out = []
+        for _ in range(n):
+            c = choose(
+                ledger.inputs(
+                    None, has_model=True, match=match, max_k=16, model_lag=1, match_len=match_len
+                )
+            )
+            ledger.chose(c.option)
+            out.append((c.option, c.k))
+        return out
+
+    assert {o for o, _ in steps(32, 32, 3 * EXPLORE_EVERY)} == {"ngram"}
+    # The matches end: the next plain step is the re-try.
+    assert steps(0, 0, 1) == [("model", EXPLORE_K)]
+
+
 def test_no_match_means_no_n_gram_option_and_nothing_measured_means_plain() -> None:
     assert choose(inputs(curve(1.0, 0.01), ngram=0.9, match=0)).option == "none"
     c = choose(inputs(CostCurve(), ngram=0.9))

@@ -254,13 +254,19 @@ def choose(inp: Inputs) -> Choice:
     # have to catch up on a long stretch). Never n-gram lookup: a step that has a match and does
     # not use it learns what lookup would have had kept, at no cost (learn_unused_match), where
     # a re-try paid a verify of its drafts: a 1-token re-try cost 16 ms against a 10 ms plain
-    # step here, every 32 steps of a story whose matches were nearly always wrong.
+    # step here, every 32 steps of a story whose matches were nearly always wrong. And only in
+    # place of a plain step, never of a lookup step: that one is a likely win to give up, and
+    # the steps where lookup runs just as the draft model has been idle long enough are those
+    # of a prompt seen before, its answer remembered (a greeting, a client's warm-up: the same
+    # one each time). Re-tried there, the demo draft lost a near-tie on the first token of a
+    # bench's "Say hello." warm-up before every prompt (0 of 7 kept), and that one prompt
+    # priced it below plain on every task after it.
     idle = next(
         (
             e
             for e in options
             if e.option == "model"
-            and (best is None or best.option != "model")
+            and best is None
             and inp.step - inp.last_used.get("model", 0) >= EXPLORE_EVERY
             and inp.model_lag <= EXPLORE_MAX_LAG
         ),

@@ -38,6 +38,13 @@ SLOWDOWN_ALPHA = 0.2  # weight of one target decode in Ledger.slowdown
 # quarter with the mix of step sizes; a neighbour taking the CPU doubles it.)
 DRIFT_BAND = 1.5
 AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, within these
+# Observations at position 1 that a measured agreement weighs as a new task's prior for the
+# draft model (Ledger._new): half the positions calibration compares (AGREEMENT_POSITIONS;
+# along one text they are not independent). At PRIOR_WEIGHT (2), one rejected draft on a
+# bench's warm-up greeting, a near-tie the demo draft loses, priced a draft measured at 95%
+# at 0.63 on every task after it, below plain: it was never tried on them (fixed-cost replay,
+# tasks named, a greeting before each prompt: 1.28x plain on unseen-1 where 1.38x without it).
+AGREEMENT_WEIGHT = 16.0
 MAX_TASKS = 64  # task names are the client's: a bounded table
 MAX_ANSWER = 1 << 20  # tokens; a restored typical length beyond it is damage, not a length
 V = TypeVar("V")
@@ -128,7 +135,8 @@ class Ledger:
             if key in table:
                 tries = [a + b for a, b in zip(tries, table[key].tries, strict=True)]
                 kept = [a + b for a, b in zip(kept, table[key].kept, strict=True)]
-        prior = (kept[0] + default * PRIOR_WEIGHT) / (tries[0] + PRIOR_WEIGHT)
+        weight = AGREEMENT_WEIGHT if seed and self.agreement is not None else PRIOR_WEIGHT
+        prior = (kept[0] + default * weight) / (tries[0] + weight)
         acc = Acceptance(prior=prior)
         if seed and tries[1] > 0:
             scale = min(1.0, SEED_WEIGHT / tries[1])
