@@ -111,17 +111,22 @@ class Ledger:
         if key not in table:
             table[key] = self._new(key, MATCH_PRIORS[bucket])
         if "model" not in table:
-            table["model"] = self._new("model", self.model_prior, seed=True)
+            table["model"] = self._new(
+                "model", self.model_prior, seed=True, weight=self.model_prior_weight
+            )
         return {"ngram": table[key], "model": table["model"]}
 
-    def _new(self, key: str, default: float, *, seed: bool = False) -> Acceptance:
+    def _new(
+        self, key: str, default: float, *, seed: bool = False, weight: float = PRIOR_WEIGHT
+    ) -> Acceptance:
         """A new task's table for `key`, from what the pair measured on its other tasks.
 
-        Position 1's prior: their kept/tried there, shrunk toward `default` (all of it, before
-        anything was measured). A fixed 0.6 kept a draft that agrees 95% of the time with its
-        target from ever being tried on a new task once it lagged behind the prompt: it priced
-        it below plain. With `seed`, positions 2 and on are seeded with their counts there,
-        scaled to SEED_WEIGHT observations at position 2.
+        Position 1's prior: their kept/tried there, shrunk toward `default`, which weighs
+        `weight` observations (all of it, before anything was measured). A fixed 0.6 kept a
+        draft that agrees 95% of the time with its target from ever being tried on a new task
+        once it lagged behind the prompt: it priced it below plain. With `seed`, positions 2
+        and on are seeded with their counts there, scaled to SEED_WEIGHT observations at
+        position 2.
 
         The draft model is seeded: how far it keeps agreeing with its target is much the same
         from task to task. Left to STRETCH from position 1 alone, a new task priced the demo
@@ -135,7 +140,6 @@ class Ledger:
             if key in table:
                 tries = [a + b for a, b in zip(tries, table[key].tries, strict=True)]
                 kept = [a + b for a, b in zip(kept, table[key].kept, strict=True)]
-        weight = AGREEMENT_WEIGHT if seed and self.agreement is not None else PRIOR_WEIGHT
         prior = (kept[0] + default * weight) / (tries[0] + weight)
         acc = Acceptance(prior=prior)
         if seed and tries[1] > 0:
@@ -154,6 +158,11 @@ class Ledger:
         if self.agreement is None:
             return PRIOR
         return min(AGREEMENT_MAX, max(AGREEMENT_MIN, self.agreement))
+
+    @property
+    def model_prior_weight(self) -> float:
+        """The observations `model_prior` weighs: AGREEMENT_WEIGHT where it was measured."""
+        return PRIOR_WEIGHT if self.agreement is None else AGREEMENT_WEIGHT
 
     def observe_answer(self, task: str | None, tokens: int, *, cut: bool = False) -> None:
         """A finished answer's length: what the next answer to this task is expected to run.
