@@ -12,6 +12,7 @@ from homespec.engine.governor import STRETCH, Choice, choose
 from homespec.engine.ledger import (
     AGREEMENT_MAX,
     AGREEMENT_MIN,
+    AGREEMENT_WEIGHT,
     HORIZON_UNKNOWN,
     MAX_TASKS,
     Ledger,
@@ -130,6 +131,28 @@ def test_a_measured_agreement_is_not_undone_by_one_rejected_draft() -> None:
     for _ in range(100):
         ledger.acceptance("code")["model"].record(4, 0)
     assert ledger.acceptance("newer")["model"].prior < 0.3
+
+
+def test_a_measured_agreement_weighs_as_much_in_the_table_where_the_draft_was_rejected() -> None:
+    """The same 32 positions of evidence inside a table as in a new one's prior: the table
+    that task-less requests share (a daemon's OpenAI clients) met the greeting's near-tie
+    itself, and one rejection there priced the demo draft at 0.63 for every request after
+    it. A table restored from disk before calibration measured the agreement weighs it too."""
+    ledger = Ledger(agreement=0.95)
+    shared = ledger.acceptance(None)["model"]
+    shared.record(3, 0)
+    assert shared.rate(0, shared.prior) > 0.85
+    guessed = Ledger().acceptance(None)["model"]  # nothing measured at load: a guess
+    guessed.record(3, 0)
+    assert guessed.rate(0, guessed.prior) < 0.5
+    for _ in range(30):
+        shared.record(3, 0)
+    assert shared.rate(0, shared.prior) < 0.5  # steady failures still win
+
+    restarted = Ledger()
+    restarted.restore_acceptance(ledger.acceptance_state())
+    restarted.agreement = 0.95  # calibration runs after the restore
+    assert restarted.acceptance(None)["model"].prior_weight == AGREEMENT_WEIGHT
 
 
 def test_a_new_tasks_draft_model_positions_are_seeded_from_other_tasks_n_grams_are_not() -> None:

@@ -104,6 +104,9 @@ class Acceptance:
     tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
     kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
     prior: float = PRIOR  # position 1's acceptance before anything was measured
+    # The observations `prior` weighs at position 1 (positions after it: PRIOR_WEIGHT, their
+    # prior being a guess from the one before)
+    prior_weight: float = PRIOR_WEIGHT
     # What the pair's other tasks measured at positions 2 and on, as a few observations
     # (Ledger._new seeds a new task's table with them; never decayed, never saved)
     seed_tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
@@ -119,8 +122,9 @@ class Acceptance:
                 self.kept[i] += 1
 
     def rate(self, i: int, prior: float) -> float:
-        kept = self.kept[i] + self.seed_kept[i] + prior * PRIOR_WEIGHT
-        return kept / (self.tries[i] + self.seed_tries[i] + PRIOR_WEIGHT)
+        weight = self.prior_weight if i == 0 else PRIOR_WEIGHT
+        kept = self.kept[i] + self.seed_kept[i] + prior * weight
+        return kept / (self.tries[i] + self.seed_tries[i] + weight)
 
     def reach(self) -> int:
         """How long a draft may be on the evidence: REACH_GROWTH × the deepest position tried
