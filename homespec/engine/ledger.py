@@ -114,8 +114,9 @@ class Ledger:
             table["model"] = self._new(
                 "model", self.model_prior, seed=True, weight=self.model_prior_weight
             )
-        # What the pair knows of the draft model weighs as much in a table restored before
-        # calibration measured its agreement, or in the one that task-less requests share.
+        # Position 1's prior weighs what the pair knows of the draft model now, in every table:
+        # a new one, one restored before calibration measured the agreement, and the one that
+        # task-less requests share (set here, the one place, as a recalibration may change it).
         table["model"].prior_weight = self.model_prior_weight
         return {"ngram": table[key], "model": table["model"]}
 
@@ -144,7 +145,7 @@ class Ledger:
                 tries = [a + b for a, b in zip(tries, table[key].tries, strict=True)]
                 kept = [a + b for a, b in zip(kept, table[key].kept, strict=True)]
         prior = (kept[0] + default * weight) / (tries[0] + weight)
-        acc = Acceptance(prior=prior, prior_weight=weight)
+        acc = Acceptance(prior=prior)
         if seed and tries[1] > 0:
             scale = min(1.0, SEED_WEIGHT / tries[1])
             acc.seed_tries = [0.0] + [x * scale for x in tries[1:]]
