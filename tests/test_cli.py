@@ -81,7 +81,10 @@ def test_ask_json_has_text_and_every_stat(demo_manifest: Manifest) -> None:
 def test_ask_streams_text_and_prints_one_stats_line(demo_manifest: Manifest) -> None:
     code, out, err = ask_demo("Say hello.", "--max-tokens", "8")
     assert code == 0 and out.strip()
-    assert err.strip().count("\n") == 0
+    # One stats line; on a box where other processes took CPU lately, the thread adapter's
+    # notice before it (engine/neighbours.py), which a busy machine adds and a quiet one does not.
+    lines = [line for line in err.strip().splitlines() if not line.startswith("homespec: threads ")]
+    assert len(lines) == 1, err
     assert "speculative (governor, at most 64 tokens/step" in err  # the reason, said
     assert "tok/s" in err
 
@@ -231,7 +234,8 @@ def test_bench_json_reports_each_mode_per_task(demo_manifest: Manifest, tmp_path
     for (_, mode), row in rows.items():
         if mode == "plain":
             assert row["speedup"] is None
-            assert [plain_reason(r) for r in row["reasons"]] == [True], row["reasons"]
+            # one reason, or one per thread count the adapter noted on a busy machine
+            assert row["reasons"] and all(map(plain_reason, row["reasons"])), row["reasons"]
         else:
             assert row["speedup"] > 0
             # a draft model always proposes; n-gram lookup only where the text repeats, and
