@@ -77,7 +77,7 @@ class Row:
     speedup: float | None
     speedup_min: float | None
     speedup_max: float | None
-    identical: float | None  # share of runs whose text equals plain's (temperature 0)
+    identical: float | None  # share of runs whose text equals plain's (another server: greedy)
     reasons: list[str] = field(default_factory=list)
     other_server: bool = False  # another server (--against) that is not a homespec daemon
 
@@ -279,7 +279,9 @@ def summarize(runs: list[Run], *, temperature: float = 0.0) -> list[Row]:
                 if plain[(r.item, r.repeat)].stats.tokens_per_s > 0
             ]
             lo, hi = min(ratios), max(ratios)
-            if temperature == 0.0:
+            # Sampled with seed 0, homespec's answer is plain's on every drafter too
+            # (sampling.py); another server samples with its own random numbers.
+            if temperature == 0.0 or not any(r.other_server for r in rs):
                 same = sum(r.text == plain[(r.item, r.repeat)].text for r in rs)
                 identical = same / len(rs)
         rows.append(

@@ -79,6 +79,8 @@ def stats_line(stats: dict[str, Any]) -> str:
         f"e2e {stats['e2e_ms']:.0f} ms",
         f"{stats['tokens_per_s']:.0f} tok/s",
     ]
+    if stats.get("seed") is not None:  # sampled: --seed N gives this answer again
+        parts.append(f"seed {stats['seed']}")
     if stats["mode"] == "speculative":
         parts.append(f"speculative ({DRAFTER_LABELS[stats['drafter']]})")
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,19 @@ def test_ask_streams_text_and_prints_one_stats_line(demo_manifest: Manifest) -> 
     assert len(lines) == 1, err
     assert "speculative (governor, at most 64 tokens/step" in err  # the reason, said
     assert "tok/s" in err
+
+
+def test_ask_sampled_says_its_seed_and_the_seed_gives_the_answer_again(
+    demo_manifest: Manifest,
+) -> None:
+    args = ("Name a colour and a fruit.", "--max-tokens", "12", "--temperature", "0.9")
+    code, first, err = ask_demo(*args, "--no-spec")
+    found = re.search(r" · seed (\d+) · ", err)
+    assert code == 0 and first.strip() and found, err
+    code, again, err = ask_demo(*args, "--no-spec", "--seed", found.group(1))
+    assert code == 0 and again == first and f"seed {found.group(1)}" in err
+    code, out, _ = ask_demo(*args, "--seed", found.group(1), "--json")
+    assert code == 0 and json.loads(out)["stats"]["seed"] == int(found.group(1))
 
 
 def test_ask_explain_marks_drafted_text(demo_manifest: Manifest) -> None:

@@ -87,6 +87,26 @@ def test_openai_sdk_streaming_puts_stats_in_the_last_chunk(sdk: OpenAI) -> None:
     assert last["usage"]["completion_tokens"] == last["homespec"]["completion_tokens"]
 
 
+def test_a_sampled_answer_reports_its_seed_and_the_seed_repeats_it(sdk: OpenAI) -> None:
+    """Through the daemon, streamed or not: the seed a sampled answer drew with is in
+    `homespec.seed`, and sending it back gives the same text (test_verify.py has the same on
+    every drafter)."""
+    ask = {"model": "smollm2", "messages": user("forever a b c d e f g h"), "max_tokens": 60}
+    first = sdk.chat.completions.create(**ask, temperature=1.6)  # type: ignore[call-overload]
+    seed = first.model_dump()["homespec"]["seed"]
+    assert isinstance(seed, int)
+    again = sdk.chat.completions.create(
+        **ask, temperature=1.6, seed=seed, stream=True, extra_body={"speculative": False}
+    )  # type: ignore[call-overload]
+    chunks = list(again)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == first.choices[0].message.content
+    assert chunks[-1].model_dump()["homespec"]["seed"] == seed
+    greedy = sdk.chat.completions.create(**ask, temperature=0)  # type: ignore[call-overload]
+    assert greedy.model_dump()["homespec"]["seed"] is None
+    assert greedy.choices[0].message.content != text  # 1.6 strays from the fake's script
+
+
 def test_speculation_off_per_request_via_extra_body(sdk: OpenAI) -> None:
     r = sdk.chat.completions.create(
         model="smollm2",

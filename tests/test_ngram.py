@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import numpy as np
-
 from homespec.engine.drafters import NgramDrafter
 from homespec.engine.ngram_memory import NgramMemory
-from homespec.engine.sampling import SamplingParams
+from homespec.engine.sampling import Draws, SamplingParams
 
 GREEDY = SamplingParams()
-RNG = np.random.default_rng(0)
+RNG = Draws(0)
 
 
 def test_proposes_what_followed_the_most_recent_match() -> None:

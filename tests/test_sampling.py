@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from homespec.engine.sampling import SamplingParams, accept_or_resample, distribution, pick
+from homespec.engine.sampling import Draws, SamplingParams, distribution, log_weights, pick, verify
+
+
+def as_float64(p: np.ndarray) -> np.ndarray:
+    """float32 probabilities summed again in float64: chisquare wants its sums to agree."""
+    out = p.astype(np.float64)
+    return out / out.sum()
 
 
 def test_top_k_keeps_only_k_tokens() -> None:
@@ -45,44 +51,85 @@ def test_min_p_and_top_p_compose() -> None:
 def test_speculative_sampling_keeps_min_p_cut_tokens_out() -> None:
     """Draft and target both filtered by the same min_p (as the engine does): a drafted token
     the target's filter cut is never emitted, and the output is distributed as p."""
-    rng = np.random.default_rng(2)
     params = SamplingParams(temperature=1.0, min_p=0.3)
-    p = distribution(np.log(np.array([0.45, 0.25, 0.15, 0.1, 0.05])), params)
-    q = distribution(np.log(np.array([0.05, 0.15, 0.2, 0.3, 0.3])), params)
-    assert p[3] == p[4] == 0.0 and q[3] > 0.0  # the draft likes what the target cut
+    target = np.log(np.array([[0.45, 0.25, 0.15, 0.1, 0.05]] * 2)).astype(np.float32)
+    draft = np.log(np.array([0.05, 0.15, 0.2, 0.3, 0.3])).astype(np.float32)
+    p = as_float64(distribution(target[0], params))
+    assert p[3] == p[4] == 0.0  # the draft likes what the target cut
     n = 30_000
     counts = np.zeros(p.size)
-    for _ in range(n):
-        d = int(rng.choice(p.size, p=q))
-        counts[accept_or_resample(p, q, d, rng)[1]] += 1
+    for seed in range(n):
+        draws = Draws(seed)
+        drafted = pick(draft, params, draws, 0)
+        kept, token = verify([drafted], target, params, draws, 0)
+        counts[drafted if kept else token] += 1
+        assert verify([3], target, params, draws, 0)[0] == 0  # a looked-up draft the filter cut
     assert counts[3] == counts[4] == 0
     assert chisquare(counts[:3], p[:3] * n).pvalue > 1e-3
 
 
 def test_greedy_pick_is_argmax() -> None:
-    rng = np.random.default_rng(0)
     logits = np.array([0.1, 0.3, 0.2], dtype=np.float32)
-    assert pick(logits, SamplingParams(temperature=0.0), rng) == 1
+    assert pick(logits, SamplingParams(temperature=0.0), Draws(0), 0) == 1
 
 
-@pytest.mark.parametrize("deterministic_draft", [False, True])
-def test_speculative_sampling_reproduces_target_distribution(deterministic_draft: bool) -> None:
-    """Draft from q, accept/resample against p: the emitted tokens must be distributed as p."""
-    rng = np.random.default_rng(1)
-    p = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
-    q = np.array([0.1, 0.1, 0.2, 0.2, 0.4])  # deliberately far from p
-    n = 40_000
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.5, top_k=3),
+        SamplingParams(temperature=1.3, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=0.15),
+    ],
+)
+def test_pick_draws_from_the_filtered_distribution(params: SamplingParams) -> None:
+    """Gumbel-max over log-weights, one seed per answer: over seeds, `pick` is distributed as
+    `distribution` says, filters included."""
+    logits = np.log(np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])).astype(np.float32)
+    p = as_float64(distribution(logits, params))
+    n = 30_000
     counts = np.zeros(p.size)
-    accepted = 0
-    for _ in range(n):
-        if deterministic_draft:  # an n-gram proposal: always token 4, one-hot q
-            ok, tok = accept_or_resample(p, None, 4, rng)
-        else:
-            d = int(rng.choice(p.size, p=q))
-            ok, tok = accept_or_resample(p, q, d, rng)
-        counts[tok] += 1
-        accepted += ok
-    assert chisquare(counts, p * n).pvalue > 1e-3
-    # Acceptance must be the theoretical sum(min(p, q)) (or p[4] for the one-hot proposal).
-    expected_accept = p[4] if deterministic_draft else np.minimum(p, q).sum()
-    assert accepted / n == pytest.approx(expected_accept, abs=0.01)
+    for seed in range(n):
+        counts[pick(logits, params, Draws(seed), 3)] += 1
+    kept = p > 0
+    assert not counts[~kept].any()
+    assert chisquare(counts[kept], p[kept] * n).pvalue > 1e-3
+
+
+def test_positions_draw_independently_and_a_seed_repeats_its_draws() -> None:
+    """Two positions of one answer are not correlated, and the same (seed, position) gives
+    the same noise in any order of asking; a longer vocabulary extends it, it does not
+    change the entries the shorter one saw."""
+    logits = np.zeros(4, dtype=np.float32)  # uniform
+    params = SamplingParams(temperature=1.0)
+    pairs = np.zeros((4, 4))
+    for seed in range(16_000):
+        draws = Draws(seed)
+        pairs[pick(logits, params, draws, 8), pick(logits, params, draws, 9)] += 1
+    assert chisquare(pairs.ravel()).pvalue > 1e-3
+    a, b = Draws(5), Draws(5)
+    later = b.gumbel(12, 100).copy()
+    assert np.array_equal(a.gumbel(11, 100), b.gumbel(11, 100))
+    assert np.array_equal(a.gumbel(12, 50), later[:50])
+    assert np.array_equal(a.gumbel(12, 300)[:100], later)
+    assert not np.array_equal(a.gumbel(11, 100), a.gumbel(12, 100))
+    assert not np.array_equal(Draws(6).gumbel(11, 100), a.gumbel(11, 100))
+
+
+def test_the_fast_filters_keep_what_a_full_sort_keeps() -> None:
+    """top-k and top-p look only near the top of the vocabulary (sampling._top_k,
+    _likeliest); on flat and peaked rows, with ties, they keep what sorting all of it keeps."""
+    rng = np.random.default_rng(4)
+    for trial in range(400):
+        scale = [0.3, 3.0, 30.0][trial % 3]
+        logits = (rng.standard_normal(int(rng.choice([40, 3000]))) * scale).astype(np.float32)
+        if trial % 4 == 0:
+            logits = np.round(logits)  # ties, the k-th among them
+        k, mass = int(rng.integers(1, logits.size)), float(rng.uniform(0.05, 0.999))
+        kept_k = np.flatnonzero(np.isfinite(log_weights(logits, SamplingParams(1.0, top_k=k))))
+        assert set(kept_k) == set(np.flatnonzero(logits >= np.sort(logits)[-k])), trial
+        p = distribution(logits, SamplingParams(1.0))
+        order = np.argsort(-p, kind="stable")
+        nucleus = order[: int(np.searchsorted(np.cumsum(p[order]), mass)) + 1]
+        kept_p = np.flatnonzero(distribution(logits, SamplingParams(1.0, top_p=mass)))
+        assert set(kept_p) == set(nucleus), trial

@@ -7,11 +7,12 @@ import dataclasses
 
 import numpy as np
 import pytest
+from scipy.stats import chisquare
 
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime, generate
-from homespec.engine.sampling import SamplingParams, verify
+from homespec.engine.sampling import Draws, SamplingParams, pick, verify
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec
 
@@ -28,49 +29,71 @@ def peaked(*tokens: int, vocab: int = 8) -> np.ndarray:
 
 
 def test_greedy_keeps_the_agreeing_prefix_and_emits_the_targets_token_at_the_first_miss() -> None:
-    rng = np.random.default_rng(0)
-    assert verify([3, 4, 5], None, peaked(3, 4, 6, 7), GREEDY, rng) == (2, 6)
-    assert verify([1], None, peaked(2, 7), GREEDY, rng) == (0, 2)
+    draws = Draws(0)
+    assert verify([3, 4, 5], peaked(3, 4, 6, 7), GREEDY, draws, 10) == (2, 6)
+    assert verify([1], peaked(2, 7), GREEDY, draws, 10) == (0, 2)
 
 
 def test_greedy_all_kept_gives_the_following_token_free() -> None:
-    rng = np.random.default_rng(0)
-    assert verify([3, 4], None, peaked(3, 4, 7), GREEDY, rng) == (2, 7)
-    assert verify([], None, peaked(6), GREEDY, rng) == (0, 6)  # plain decoding: k = 0
+    draws = Draws(0)
+    assert verify([3, 4], peaked(3, 4, 7), GREEDY, draws, 10) == (2, 7)
+    assert verify([], peaked(6), GREEDY, draws, 10) == (0, 6)  # plain decoding: k = 0
+
+
+SAMPLED = SamplingParams(temperature=1.0)
+
+
+def test_sampling_a_draft_is_kept_exactly_when_it_is_plain_decodings_pick() -> None:
+    """Whatever is drafted, the emitted tokens are the ones `pick` draws position by position
+    with the same seed: a sampled answer does not depend on the drafter."""
+    rng = np.random.default_rng(3)
+    logits = np.log(rng.dirichlet(np.ones(6), size=4)).astype(np.float32)
+    for seed in range(300):
+        plain = [pick(logits[i], SAMPLED, Draws(seed), 20 + i) for i in range(4)]
+        drafts = [int(x) for x in rng.integers(0, 6, size=3)]
+        kept, token = verify(drafts, logits, SAMPLED, Draws(seed), 20)
+        assert drafts[:kept] == plain[:kept] and token == plain[kept]
+        assert kept == 3 or drafts[kept] != plain[kept]
 
 
 def test_sampling_with_a_one_hot_draft_keeps_the_targets_distribution() -> None:
-    """Accept with p(token), else resample from the rest: what is emitted is distributed as p."""
+    """A looked-up draft is kept with the target's probability of it, and what is emitted,
+    over seeds, is distributed as p."""
     p = np.array([0.5, 0.3, 0.2])
     logits = np.log(np.vstack([p, p])).astype(np.float32)
-    params = SamplingParams(temperature=1.0)
-    rng = np.random.default_rng(7)
     n = 20_000
-    counts = np.zeros(3)
-    for _ in range(n):
-        kept, token = verify([0], None, logits, params, rng)
+    counts, kept_n = np.zeros(3), 0
+    for seed in range(n):
+        kept, token = verify([0], logits, SAMPLED, Draws(seed), 5)
         counts[0 if kept else token] += 1
-    assert np.allclose(counts / n, p, atol=0.015)
+        kept_n += kept
+    assert chisquare(counts, p * n).pvalue > 1e-3
+    assert kept_n / n == pytest.approx(p[0], abs=0.015)
 
 
 def test_a_proposal_mixing_sampled_and_looked_up_drafts_keeps_the_targets_distribution() -> None:
-    """A draft model's sampled token (q its distribution) followed by one that lookup
-    proposed (one-hot, a hand-over): each emitted position is distributed as the target's."""
+    """A draft model's token drawn from q with the position's noise, then one that lookup
+    proposed (a hand-over): each emitted position is distributed as the target's, and the
+    draft's token is kept about as often as the distributions overlap."""
     p1, p2 = np.array([0.5, 0.3, 0.2]), np.array([0.1, 0.6, 0.3])
-    q1 = np.array([0.2, 0.2, 0.6])
+    q1 = np.array([0.45, 0.25, 0.3])
     logits = np.log(np.vstack([p1, p2, p2])).astype(np.float32)
-    params = SamplingParams(temperature=1.0)
-    rng = np.random.default_rng(11)
+    draft_logits = np.log(q1).astype(np.float32)
     n = 30_000
-    first, second = np.zeros(3), np.zeros(3)
-    for _ in range(n):
-        drafted = int(rng.choice(3, p=q1))
-        kept, token = verify([drafted, 2], [q1, None], logits, params, rng)
+    first, second, kept_first = np.zeros(3), np.zeros(3), 0
+    for seed in range(n):
+        draws = Draws(seed)
+        drafted = pick(draft_logits, SAMPLED, draws, 7)
+        kept, token = verify([drafted, 2], logits, SAMPLED, draws, 7)
         first[drafted if kept else token] += 1
+        kept_first += kept > 0
         if kept:
             second[2 if kept == 2 else token] += 1
-    assert np.allclose(first / n, p1, atol=0.015)
-    assert np.allclose(second / second.sum(), p2, atol=0.015)
+    assert chisquare(first, p1 * n).pvalue > 1e-3
+    assert chisquare(second, p2 * second.sum()).pvalue > 1e-3
+    # Gumbel coupling keeps at least (1 - tv) / (1 + tv) of them (tv: total variation).
+    tv = 0.5 * np.abs(p1 - q1).sum()
+    assert (1 - tv) / (1 + tv) - 0.01 < kept_first / n <= 1 - tv + 0.01
 
 
 def runtime(**draft: int) -> PairRuntime:
@@ -101,6 +124,27 @@ def test_speculative_output_is_plains_and_the_counts_add_up(drafter: str) -> Non
     assert s.draft_steps <= s.verify_steps < plain.verify_steps
     # every step commits its kept drafts plus one token of the target's (the first is the prompt's)
     assert s.completion_tokens == 1 + s.verify_steps + s.accepted_tokens
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid", None])
+def test_a_seed_gives_plain_decodings_sampled_answer_on_every_drafter(drafter: str | None) -> None:
+    """At a temperature where the fake strays from its script, a seed still fixes the answer: the
+    drafter (None: the governor) changes which tokens are checked, not which are kept. With
+    no seed the answer reports the one it drew, and sending that back repeats the answer."""
+    hot_ok = PairSpec(target="t", draft="d", draft_tokens=6, spec_max_temperature=2.0)
+    rt = dataclasses.replace(runtime(wrong_every=3), spec=hot_ok)
+    greedy_text, greedy = run(rt, GenerationRequest(messages=ASK, max_tokens=60))
+    assert greedy.seed is None
+    hot = GenerationRequest(messages=ASK, max_tokens=60, temperature=1.6)
+    plain_text, plain = run(rt, dataclasses.replace(hot, seed=5, speculative=False))
+    assert plain.seed == 5 and plain_text != greedy_text
+    text, s = run(rt, dataclasses.replace(hot, seed=5, speculative=True, drafter=drafter))  # type: ignore[arg-type]
+    assert text == plain_text and s.seed == 5
+    assert s.proposed_tokens > 0, s.reason
+    other, drawn = run(rt, hot)
+    assert drawn.seed is not None and other != plain_text
+    again, _ = run(rt, dataclasses.replace(hot, seed=drawn.seed, speculative=False))
+    assert again == other
 
 
 def test_a_draft_that_is_wrong_every_fifth_token_is_accepted_about_four_times_in_five() -> None:

@@ -19,17 +19,13 @@ from typing import Protocol
 import numpy as np
 
 from homespec.engine.ngram_memory import NgramMemory, since_boundary
-from homespec.engine.sampling import Probs, SamplingParams, distribution, sample
+from homespec.engine.sampling import Draws, SamplingParams, log_weights, top_probability
 from homespec.engine.target import Target, shared_prefix
 
 
 @dataclass(frozen=True)
 class Proposal:
     tokens: list[int]
-    # The draft's distribution for each proposed token when it sampled them (temperature > 0);
-    # None for a deterministic proposal (greedy or n-gram), i.e. one-hot at the token (also
-    # per token: the n-gram tokens a draft model handed over to).
-    probs: list[Probs | None] | None = None
     # The last `handed_over` tokens came from n-gram lookup, part-way through a draft-model
     # proposal (ModelDrafter.propose's `hand_over`), after a match `handover_match` long.
     handed_over: int = 0
@@ -47,7 +43,7 @@ class Drafter(Protocol):
     def reset(self) -> None: ...
 
     def propose(
-        self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self, history: list[int], k: int, params: SamplingParams, draws: Draws
     ) -> Proposal: ...
 
 
@@ -80,16 +76,16 @@ class ModelDrafter:
         history: list[int],
         k: int,
         params: SamplingParams,
-        rng: np.random.Generator,
+        draws: Draws,
         *,
         lag: int | None = None,
         hand_over: HandOver | None = None,
     ) -> Proposal:
         """`lag`: `self.lag(history)`, when the caller has it already (the governor does).
         `hand_over`: asked after each drafted token for n-gram tokens to finish the proposal
-        with instead (none: draft on)."""
+        with instead (none: draft on). Sampling, each token is drawn with the noise its
+        position has in `draws`, the target's at that position (sampling.py)."""
         tokens: list[int] = []
-        probs: list[Probs | None] = []
         first = max(1, self.lag(history) if lag is None else lag)
         for _ in range(k):
             t0 = time.perf_counter()
@@ -97,27 +93,23 @@ class ModelDrafter:
             self._decodes.append((1 if tokens else first, (time.perf_counter() - t0) * 1000.0))
             if params.greedy:
                 token = int(np.argmax(logits))
-                if self.p_min > 0.0 and tokens:
-                    z = logits - logits[token]
-                    if 1.0 / float(np.exp(z.astype(np.float64)).sum()) < self.p_min:
-                        break
-            else:
-                q = distribution(logits, params)
-                token = sample(q, rng)
-                if self.p_min > 0.0 and tokens and float(np.max(q)) < self.p_min:
+                if self.p_min > 0.0 and tokens and top_probability(logits) < self.p_min:
                     break
-                probs.append(q)
+            else:
+                z = log_weights(logits, params)
+                token = int(np.argmax(z + draws.gumbel(len(history) + len(tokens), z.size)))
+                if self.p_min > 0.0 and tokens and top_probability(z) < self.p_min:
+                    break
             tokens.append(token)
             if self.ctx.model.is_eog(token):
                 break
             if hand_over is not None and len(tokens) < k:
                 found, match_len = hand_over(tokens)
-                if found:  # one-hot: lookup proposes its tokens, it does not sample them
-                    probs += [None] * len(found)
+                if found:
                     return Proposal(
-                        tokens + found, None if params.greedy else probs, len(found), match_len
+                        tokens + found, handed_over=len(found), handover_match=match_len
                     )
-        return Proposal(tokens, None if params.greedy else probs)
+        return Proposal(tokens)
 
 
 class NgramDrafter:
@@ -204,9 +196,7 @@ class NgramDrafter:
             length += 1
         return min(length, cap)
 
-    def propose(
-        self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
-    ) -> Proposal:
+    def propose(self, history: list[int], k: int, params: SamplingParams, draws: Draws) -> Proposal:
         self._update(history)
         proposal, self.match_len, self.from_memory = self._continue(history, k)
         return proposal
@@ -265,8 +255,8 @@ class NgramDrafter:
 class HybridDrafter:
     """N-gram lookup when it finds a match (free to make), else the draft model.
 
-    Choosing per step from the history alone keeps the output exact: each step's acceptance rule
-    uses the distribution of whichever proposal that step made.
+    Which proposal a step makes changes what the target is asked to check, never what it
+    keeps: a draft is kept only where it is the target's own pick (sampling.verify).
     """
 
     kind = "hybrid"
@@ -279,8 +269,6 @@ class HybridDrafter:
         self.model.reset()
         self.ngram.reset()
 
-    def propose(
-        self, history: list[int], k: int, params: SamplingParams, rng: np.random.Generator
-    ) -> Proposal:
-        found = self.ngram.propose(history, k, params, rng)
-        return found if found.tokens else self.model.propose(history, k, params, rng)
+    def propose(self, history: list[int], k: int, params: SamplingParams, draws: Draws) -> Proposal:
+        found = self.ngram.propose(history, k, params, draws)
+        return found if found.tokens else self.model.propose(history, k, params, draws)

@@ -1,11 +1,11 @@
 """The draft -> verify loop.
 
 One target `llama_decode` per step carries [last committed token] + k drafts, with logits only at
-those k + 1 positions. Drafts are checked left to right: at temperature 0 a draft is kept while
-it equals the target's argmax; at temperature > 0 by speculative sampling (accept with
-min(1, p/q), else resample from the residual). The first rejection emits the target's own token
-instead; if every draft is kept, the target's next token comes free ("bonus"). Either way the
-output is exactly what the target alone would produce (at temperature > 0: in distribution).
+those k + 1 positions. Drafts are checked left to right: a draft is kept while it equals the
+token plain decoding picks at its position (the argmax at temperature 0; sampled, the argmax
+plus that position's seeded noise: sampling.py). The first miss emits that token instead; if
+every draft is kept, the target's next token comes free ("bonus"). Either way the output is
+exactly what the target alone would produce, with the same seed when sampling.
 
 Plain decoding is the same loop with k = 0, so A/B comparisons measure speculation and nothing
 else.
@@ -14,11 +14,10 @@ else.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field, replace
-
-import numpy as np
 
 from homespec.engine.chat_text import chat_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
@@ -27,7 +26,7 @@ from homespec.engine.governor import Choice, choose, hand_over, next_window
 from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
-from homespec.engine.sampling import SamplingParams, pick, verify
+from homespec.engine.sampling import Draws, SamplingParams, pick, verify
 from homespec.engine.target import Target
 from homespec.engine.textstream import TextStream
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
@@ -76,6 +75,16 @@ def sampling_params(pair: PairSpec, req: GenerationRequest) -> SamplingParams:
     )
 
 
+def answer_seed(params: SamplingParams) -> int | None:
+    """The seed an answer samples with: the request's or the pair's, else a fresh one (32
+    bits, so that any client, JavaScript's included, can send it back unrounded); None when
+    greedy. The response reports it: the same prompt, settings and seed give the same answer,
+    on any drafter (sampling.py)."""
+    if params.greedy:
+        return None
+    return params.seed if params.seed is not None else secrets.randbits(32)
+
+
 PROMPT_FORMATS = {
     "chat": "chat template",
     "builtin": "llama.cpp's built-in look-alike of the chat template",
@@ -121,7 +130,7 @@ def _governed(
     history: list[int],
     k: int,
     params: SamplingParams,
-    rng: np.random.Generator,
+    draws: Draws,
     *,
     use_model: bool = True,
     generated: int = 0,
@@ -136,7 +145,7 @@ def _governed(
     values: how far behind the history the draft model was (0 unless it drafted), and what
     lookup had to propose (whichever ran: see learn_unused_match)."""
     ledger = rt.ledger
-    match = rt.ngram.propose(history, k, params, rng).tokens
+    match = rt.ngram.propose(history, k, params, draws).tokens
     draft = rt.draft if use_model else None
     lag = draft.lag(history) if draft else 0
     horizon = ledger.horizon(task, generated, room, lag)
@@ -167,7 +176,7 @@ def _governed(
             at = replace(inputs, acceptance=table, ngram_match=len(found), max_k=room)
             return found[: hand_over(at)], match_len
 
-        proposal = draft.propose(history, choice.k, params, rng, lag=lag, hand_over=lookup)
+        proposal = draft.propose(history, choice.k, params, draws, lag=lag, hand_over=lookup)
         ledger.observe_draft(draft.take_decodes())
         return "model", proposal, choice, lag, match
     return "none", Proposal([]), choice, 0, match
@@ -254,8 +263,9 @@ def _steps(
         drafter = rt.drafter(decision.drafter)
         drafter.reset()
     params = sampling_params(rt.spec, req)
-    rng = np.random.default_rng(params.seed)
     history, how = prompt_tokens(rt, req)
+    seed = answer_seed(params)
+    draws = Draws(seed or 0)
     n_prompt = len(history)
     # A chat's answer follows the template's role header: lookup's agreement stops there.
     rt.ngram.answer_start = n_prompt if req.messages is not None else 0
@@ -266,6 +276,7 @@ def _steps(
         drafter=decision.drafter,
         prompt_tokens=n_prompt,
         prompt_format=how,
+        seed=seed,
         accepted_per_position=[0] * (0 if decision.drafter == "auto" else decision.draft_tokens),
     )
     if stats.prompt_format == PROMPT_FORMATS["transcript"]:
@@ -292,7 +303,7 @@ def _steps(
 
     adapter = rt.threads
     # Prompt: one pass (chunked by n_batch inside extend), logits for the last position only.
-    first = pick(rt.target.extend(history, 1)[0], params, rng)
+    first = pick(rt.target.extend(history, 1)[0], params, draws, len(history))
     stats.ttft_ms = (time.perf_counter() - t_start) * 1000.0
     chunk = commit(first, False)
     if chunk:
@@ -320,7 +331,7 @@ def _steps(
                 history,
                 k,
                 params,
-                rng,
+                draws,
                 use_model=decision.use_model,
                 generated=stats.completion_tokens,
                 room=room,
@@ -330,7 +341,7 @@ def _steps(
             if source == "model" and used[source] > 1:
                 later_ms += ledger.later_catch_up_ms(lag)
         elif drafter is not None and k > 0:
-            source, proposal = drafter.kind, drafter.propose(history, k, params, rng)
+            source, proposal = drafter.kind, drafter.propose(history, k, params, draws)
             if source in ("model", "hybrid") and rt.draft is not None:
                 ledger.observe_draft(rt.draft.take_decodes())
         drafts = proposal.tokens
@@ -341,7 +352,8 @@ def _steps(
         if adapter is not None:
             adapter.observe(len(drafts) + 1, ms)
         stats.verify_steps += 1
-        n_kept, following = verify(drafts, proposal.probs, logits, params, rng)
+        n_kept, following = verify(drafts, logits, params, draws, len(history))
+        draws.forget_before(len(history) + n_kept + 1)
         if source == "ngram" and drafts:
             window = next_window(window, len(drafts), n_kept)
         if drafts:

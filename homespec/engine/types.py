@@ -74,6 +74,7 @@ class GenerationStats:
     queue_ms: float = 0.0
     finish_reason: str = "length"
     prompt_format: str = "chat template"  # or a plain transcript for base models, or raw
+    seed: int | None = None  # what a sampled answer drew with (None: greedy); sampling.py
     # accepted_per_position[i] counts steps whose draft token i (0-based) was accepted.
     accepted_per_position: list[int] = field(default_factory=list)
     threads: int = 0  # llama.cpp CPU threads at the end (0: not adapted, e.g. the fake target)
