@@ -17,6 +17,7 @@ from typing import Literal
 
 import psutil
 
+from homespec import heap
 from homespec.engine import flash, pages, repack
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
@@ -338,6 +339,7 @@ def load_pair(
     it serves: a model that crashes here crashes before any request depends on it).
     `huge_pages`: see `Pages`; "later" leaves the target's to `LoadedPair.held.settle_pages()`
     (the draft's are settled before it is handed over)."""
+    heap.keep_freed_pages()  # this process's per-step numpy arrays reuse their pages
     files = inspect_pair(manifest, name)
     if without_draft and files.draft is not None:
         files = replace(files, draft=None, draft_skip_reason=without_draft)
