@@ -86,7 +86,7 @@ def distribution(logits: Logits, params: SamplingParams) -> Probs:
         p = p * mask
         p /= p.sum()
     if params.min_p > 0.0:
-        p = np.where(p >= params.min_p * p.max(), p, np.float32(0.0))  # the likeliest stays
+        p = np.where(p >= params.min_p * np.max(p), p, np.float32(0.0))  # the likeliest stays
         p /= p.sum()
     return p
 
