@@ -112,7 +112,9 @@ def test_settle_backs_written_anonymous_memory_with_huge_pages() -> None:
     if thp in (None, "never") or not pages.collapses(os.uname().release):
         pytest.skip(f"no collapse here (transparent huge pages {thp!r}): the call ran, that is all")
     assert done.huge >= size - 2 * pages.HUGE_PAGE, done  # the ends may not be 2 MiB aligned
-    assert done.note == ""
+    # A box whose free memory is fragmented (a CI machine after the model tests) refuses a
+    # step now and then (EAGAIN): said, never silent; no other note belongs here.
+    assert done.note in ("", "the kernel found too few free 2 MiB pages for all of it"), done
     buf.close()
 
 
