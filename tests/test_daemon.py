@@ -141,6 +141,14 @@ def test_text_completions_and_models(daemon: Daemon) -> None:
     assert r.status_code == 200 and r.json()["choices"][0]["text"]
     ids = [m["id"] for m in daemon.get("/v1/models").json()["data"]]
     assert ids == ["smollm2", "smollm2-ngram"]
+    one = daemon.get("/v1/models/smollm2-ngram")  # the OpenAI SDK's models.retrieve
+    assert one.status_code == 200 and one.json()["id"] == "smollm2-ngram"
+    assert one.json()["object"] == "model"
+    missing = daemon.get("/v1/models/gpt-4o")
+    assert missing.status_code == 404
+    err = missing.json()["error"]
+    assert "gpt-4o" in err["message"] and "smollm2, smollm2-ngram" in err["message"]
+    assert err["type"] == "not_found_error" and err["param"] == "model"
 
 
 @pytest.mark.parametrize(

@@ -147,7 +147,9 @@ BODIES = [
     Bad("seed a word", 400, "seed", body=chat(seed="abc")),
     Bad("stream a word", 400, "stream", body=chat(stream="maybe")),
     Bad("stop not strings", 400, "stop", body=chat(stop=[1, 2])),
-    Bad("five stop strings", 400, "stop", body=chat(stop=["a", "b", "c", "d", "e"])),
+    Bad("five stop strings", 400, "at most 4 stop strings, got 5", body=chat(stop=list("abcde"))),
+    Bad("an empty stop string", 400, "stop string is empty", body=chat(stop="")),
+    Bad("an empty stop in a list", 400, "stop string is empty", body=chat(stop=["a", ""])),
     # OpenAI fields homespec cannot honour
     Bad("n 2", 400, "n", body=chat(n=2)),
     Bad("a presence penalty", 400, "presence_penalty", body=chat(presence_penalty=0.5)),

@@ -289,19 +289,28 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
             return _error(400, result.summary(), "invalid_request_error")
         return JSONResponse(result.to_dict())
 
+    def model_card(name: str) -> dict[str, Any]:
+        w = daemon.workers[name]
+        return {
+            "id": w.name,
+            "object": "model",
+            "created": int(daemon.started_at),
+            "owned_by": "homespec",
+            "homespec": {"state": w.state, "mode": w.mode},
+        }
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [
-            {
-                "id": w.name,
-                "object": "model",
-                "created": int(daemon.started_at),
-                "owned_by": "homespec",
-                "homespec": {"state": w.state, "mode": w.mode},
-            }
-            for w in daemon.workers.values()
-        ]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [model_card(name) for name in daemon.workers]}
+
+    @app.get("/v1/models/{model}", response_model=None)
+    async def model(model: str) -> dict[str, Any] | JSONResponse:
+        """One pair, as OpenAI's `models.retrieve` asks for it. Only a loaded pair's own name:
+        that `unknown_model` sends other names to the default pair is a rule for requests."""
+        if model in daemon.workers:
+            return model_card(model)
+        known = ", ".join(daemon.workers)
+        return _refusal(UnknownModel(f"no pair named {model!r} is loaded", f"loaded: {known}"))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:

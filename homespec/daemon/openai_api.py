@@ -176,8 +176,12 @@ class _Common(BaseModel):
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
         stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("at most 4 non-empty stop strings")
+        if len(stops) > 4:
+            raise ValueError(f"at most 4 stop strings, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError(
+                "a stop string is empty (it would end every answer at once): leave it out"
+            )
         return v
 
     @model_validator(mode="after")
