@@ -19,7 +19,12 @@ def _prompts(path: Path) -> set[str]:
 
 
 def test_the_held_out_workloads_are_there() -> None:
-    assert [p.name for p in HELD_OUT] == ["unseen-1.jsonl", "unseen-2.jsonl", "unseen-3.jsonl"]
+    assert [p.name for p in HELD_OUT] == [
+        "unseen-1.jsonl",
+        "unseen-2.jsonl",
+        "unseen-3.jsonl",
+        "unseen-4.jsonl",
+    ]
 
 
 @pytest.mark.parametrize("path", HELD_OUT, ids=lambda p: p.name)
