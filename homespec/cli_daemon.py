@@ -50,7 +50,8 @@ def serve(
     after and the pair turns speculative when it is attached (/health shows both). Endpoints:
     POST /v1/chat/completions and /v1/completions (stream or not; extras "speculative",
     "task", "draft_tokens"; stats in a "homespec" object), GET /v1/models, /health, /metrics,
-    /homespec/status. Every request is a line in requests.jsonl. Under systemd (Type=notify)
+    /homespec/status. Every request that runs is a line in requests.jsonl (one refused before
+    it ran is counted: /metrics, `homespec status`). Under systemd (Type=notify)
     it reports READY=1 once the target serves; SIGTERM drains in-flight requests, then unloads;
     SIGHUP (or `homespec reload`) re-reads models.toml.
     """
@@ -117,13 +118,25 @@ def reload(url: str | None, as_json: bool) -> None:
         click.echo(f"note: {note}")
 
 
+# What a refusal's HTTP status means here (app.py, errors.py).
+_REFUSALS = {
+    "400": "(invalid request)",
+    "401": "(API key)",
+    "404": "(unknown model)",
+    "413": "(body too big)",
+    "421": "(Host header)",
+    "429": "(wrong API keys)",
+    "503": "(busy or not ready)",
+}
+
+
 @click.command()
 @url_option
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon's status object.")
 def status(url: str | None, as_json: bool) -> None:
     """What the daemon runs now: each pair's mode and why, memory including the draft, its
     engine process (pid, resident memory, restarts), rolling accept rate, queue and uptime
-    (like `ollama ps`)."""
+    (like `ollama ps`), and the completion requests refused before they ran, by HTTP status."""
     from homespec.client import DaemonClient
 
     st = DaemonClient(url).get("/homespec/status")
@@ -131,6 +144,12 @@ def status(url: str | None, as_json: bool) -> None:
         click.echo(json.dumps(st, indent=2))
         return
     click.echo(f"homespec {st['version']} · {st['status']} · up {_uptime(st['uptime_s'])}")
+    refused = st.get("refused") or {}  # absent from a daemon older than the count
+    if refused:
+        what = ", ".join(
+            f"{n} × {code} {_REFUSALS.get(code, '')}".rstrip() for code, n in refused.items()
+        )
+        click.echo(f"refused before running (not in the request log): {what}")
     click.echo(f"{'PAIR':<14} {'MODE':<12} {'ACCEPT':>7} {'QUEUE':>6} {'REQS':>5}  MEMORY")
     for p in st["pairs"]:
         rate = p["rolling_accept_rate"]

@@ -243,9 +243,12 @@ def test_metrics_parse_with_prometheus_client(daemon: Daemon) -> None:
 
 def test_status_and_report_cli_against_the_live_daemon(daemon: Daemon) -> None:
     runner = CliRunner()
+    assert daemon.post(CHAT, {"messages": user("hi"), "n": 3}).status_code == 400
     r = runner.invoke(cli, ["status", "--url", daemon.url])
     assert r.exit_code == 0, r.output
     assert "smollm2" in r.stdout and "speculative" in r.stdout and "MiB" in r.stdout
+    assert "refused before running (not in the request log):" in r.stdout
+    assert "× 400 (invalid request)" in r.stdout
     r = runner.invoke(cli, ["status", "--url", daemon.url, "--json"])
     pair = json.loads(r.stdout)["pairs"][0]
     assert pair["mode"] == "speculative" and pair["engine"]["memory"]["ram"] > 0

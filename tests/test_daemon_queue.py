@@ -129,3 +129,52 @@ def test_client_disconnect_stops_generation(daemon: Daemon) -> None:
     assert record is not None and record["outcome"] == "cancelled", record
     status = daemon.get("/homespec/status").json()
     assert all(p["queue_depth"] == 0 for p in status["pairs"])
+
+
+def _refusals(daemon: Daemon) -> tuple[dict[str, int], dict[str, float]]:
+    """(status's refusals by HTTP status, /metrics' homespec_refused_requests_total by status
+    for chat completions)."""
+    shown = daemon.get("/homespec/status").json()["refused"]
+    counted: dict[str, float] = {}
+    for line in daemon.get("/metrics").text.splitlines():
+        if line.startswith("homespec_refused_requests_total{") and "chat.completions" in line:
+            code = line.split('status="')[1].split('"')[0]
+            counted[code] = float(line.rsplit(" ", 1)[1])
+    return shown, counted
+
+
+def test_refusals_are_counted_by_status_and_left_out_of_the_request_log(daemon: Daemon) -> None:
+    shown0, counted0 = _refusals(daemon)
+    lines0 = len(read_log(daemon))
+    too_long = {"messages": user("word " * 300), "max_tokens": 8}
+    assert daemon.post(CHAT, too_long).status_code == 400  # the engine's count, non-streamed
+    assert daemon.post(CHAT, {**too_long, "stream": True}).status_code == 400  # streamed
+    assert daemon.post(CHAT, {"messages": user("hi"), "top_p": 7}).status_code == 400  # invalid
+    results: list[int] = []
+
+    def one() -> None:
+        results.append(daemon.post(CHAT, {"messages": user(LONG), "max_tokens": 48}).status_code)
+
+    burst = [threading.Thread(target=one) for _ in range(6)]
+    for t in burst:
+        t.start()
+    for t in burst:
+        t.join()
+    busy, served = results.count(503), results.count(200)
+    assert busy and served + busy == 6, results
+    # A client that leaves a non-streamed answer gets (nobody) a 499: it ran, and is logged.
+    slow = {"messages": user(LONG), "max_tokens": 400, "speculative": False}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(daemon.url + CHAT, json=slow, timeout=0.5)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(read_log(daemon)) - lines0 < served + 1:
+        time.sleep(0.05)
+    assert read_log(daemon)[-1]["outcome"] == "cancelled"
+
+    shown, counted = _refusals(daemon)
+    assert shown.get("400", 0) - shown0.get("400", 0) == 3
+    assert shown.get("503", 0) - shown0.get("503", 0) == busy
+    assert counted.get("400", 0) - counted0.get("400", 0) == 3
+    assert counted.get("503", 0) - counted0.get("503", 0) == busy
+    assert set(shown) <= {"400", "503"}  # the answered ones were not counted
+    assert len(read_log(daemon)) - lines0 == served + 1  # the log holds the requests that ran

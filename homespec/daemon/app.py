@@ -206,6 +206,38 @@ class Gate:
         await self.app(scope, receive, send)
 
 
+COUNTED = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
+
+
+class CountRefusals:
+    """Counts the completion requests answered with an error before any generation
+    (`Daemon.refused`): invalid bodies, unknown models, a full queue, a pair not ready, a
+    wrong API key, a prompt too long. They are not lines of the request log, which holds the
+    requests that ran, so without this an operator whose clients got 503s saw nothing.
+    Outermost, so the API-key gate's and the body limit's answers count too; a request the
+    endpoint admitted (`request.state.admitted`) ended in the log, whatever its status."""
+
+    def __init__(self, app: ASGIApp, daemon: Daemon) -> None:
+        self.app, self.daemon = app, daemon
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = COUNTED.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if endpoint is None:
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def noting(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, noting)
+        if status >= 400 and not scope.get("state", {}).get("admitted", False):
+            self.daemon.refused(endpoint, status)
+
+
 def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machine) -> FastAPI:
     daemon = Daemon(config, probe)
 
@@ -225,6 +257,7 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
     app.add_middleware(BodyLimit, limit=daemon.server.max_body_bytes)
 
     app.add_middleware(Gate, key=config.api_key, hosts=allowed_hosts(config))
+    app.add_middleware(CountRefusals, daemon=daemon)  # outermost: sees the gate's answers
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -368,6 +401,7 @@ async def _complete(
         if counted:
             await worker.check_prompt(req)
         worker.admit()
+        request.state.admitted = True  # it ends as a line of the request log
     except HomespecError as exc:
         response = _refusal(exc)
         response.headers["X-Request-Id"] = rid
@@ -388,6 +422,9 @@ async def _complete(
             try:
                 head = await anext(items)
             except HomespecError as exc:
+                # The engine refused it as it started (a client's mistake: not logged), or
+                # crashed (logged).
+                request.state.admitted = type(exc) is not RequestError
                 response = _refusal(exc)
                 response.headers.update(headers)
                 return response
@@ -407,6 +444,7 @@ async def _complete(
                 if await request.is_disconnected():
                     break  # leaving the loop stops generation
     except HomespecError as exc:
+        request.state.admitted = not (type(exc) is RequestError and not text)
         response = _refusal(exc)
         response.headers.update(headers)
         return response

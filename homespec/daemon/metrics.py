@@ -71,6 +71,14 @@ class Metrics:
             ["pair"],
             registry=r,
         )
+        self.refused = Counter(
+            "homespec_refused_requests",
+            "Completion requests answered with an error before any generation (invalid, "
+            "unknown model, a full queue, a pair not ready, auth), by endpoint and HTTP "
+            "status; they are not lines of the request log",
+            ["endpoint", "status"],
+            registry=r,
+        )
         self.log_lost = Counter(
             "homespec_request_log_lost_lines",
             "Request log lines that could not be written (disk full, permissions)",

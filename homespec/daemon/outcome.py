@@ -15,7 +15,7 @@ class Outcome:
     """How a request ended, for the log and the metrics."""
 
     stats: GenerationStats | None
-    status: str  # ok | cancelled | error | engine_crashed (| refused: not recorded)
+    status: str  # ok | cancelled | error | engine_crashed (| refused: counted, not logged)
     error: str = ""
     signal: str = ""  # engine_crashed: the signal that ended the engine
     sent: int = 0  # answer tokens the client was sent before it left

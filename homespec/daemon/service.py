@@ -117,6 +117,9 @@ class Daemon:
         self.log_lost = 0  # request lines that could not be written
         self.log_error = ""  # why the last write failed (empty once one succeeds again)
         self.started_at = time.time()
+        # Completion requests refused before any generation, by HTTP status (not logged:
+        # requests.jsonl holds the requests that ran; `status` and /metrics show these).
+        self.refusals: dict[int, int] = {}
         self._announced = False
         self._closing = False
         self._base: Machine | None = None  # the first engine's probe, budgets applied
@@ -341,6 +344,11 @@ class Daemon:
 
     # --- request records -------------------------------------------------------------------
 
+    def refused(self, endpoint: str, status: int) -> None:
+        """A completion request answered with `status` before any generation."""
+        self.refusals[status] = self.refusals.get(status, 0) + 1
+        self.metrics.refused.labels(endpoint, str(status)).inc()
+
     def new_id(self) -> str:
         return f"hs-{uuid.uuid4().hex[:20]}"
 
@@ -426,6 +434,7 @@ class Daemon:
             "status": self.health()["status"],
             "manifest": str(self.config.manifest.path),
             "request_log": str(self.log.path),
+            "refused": {str(code): n for code, n in sorted(self.refusals.items())},
             "pairs": [self._pair_status(w) for w in self.workers.values()],
         }
 

@@ -458,7 +458,7 @@ class PairWorker:
             raise
         finally:
             if outcome.status == "refused":
-                self.release()  # a 400, logged nowhere, like a refusal before queueing
+                self.release()  # a 400, counted (app.CountRefusals), never logged
             elif outcome.status != "ok":
                 self._finish(outcome, on_done)
 
