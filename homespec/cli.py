@@ -131,8 +131,15 @@ def ask(
     from homespec.cli_daemon import ask_via_daemon
     from homespec.engine.types import GenerationRequest, Message
 
-    if prompt == "-":
+    from_stdin = prompt == "-"
+    if from_stdin:
         prompt = sys.stdin.read()
+    if not prompt.strip():
+        # An unset shell variable ("$Q") or an empty pipe: answered, it is a made-up question.
+        where = "standard input was" if from_stdin else "PROMPT is"
+        raise click.UsageError(
+            f"{where} empty: pass the question as PROMPT, or - to read it from standard input"
+        )
     messages = None
     if not raw:
         messages = [Message("user", prompt)]

@@ -324,3 +324,22 @@ def test_valid_gguf_that_llama_cpp_cannot_load(tmp_path: Path) -> None:
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf")
     cfg = manifest_with(tmp_path, tiny, "ngram")
     assert_clean_error(*invoke("ask", "hi", "--config", str(cfg)), "llama.cpp could not load")
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "needle"),
+    [
+        (("",), None, "PROMPT is empty"),
+        (("  \n",), None, "PROMPT is empty"),
+        (("-",), "", "standard input was empty"),
+        (("-", "--raw"), " \n", "standard input was empty"),
+    ],
+)
+def test_ask_refuses_an_empty_prompt_before_loading_anything(
+    args: tuple[str, ...], stdin: str | None, needle: str
+) -> None:
+    """An unset shell variable or an empty pipe is a usage error, not a made-up question."""
+    result = CliRunner().invoke(cli, ["ask", *args, "--local"], input=stdin)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert needle in result.stderr and "- to read it from standard input" in result.stderr
+    assert result.stdout == ""
