@@ -38,7 +38,7 @@ def keep_freed_pages(trim: int = 32 << 20, mmap_above: int = 4 << 20) -> bool:
     machine here). Larger blocks (weights, KV caches) stay mmap'd and are returned when freed.
     Returns whether it applied (glibc only; elsewhere the allocator is left as it is)."""
     try:
-        libc = ctypes.CDLL("libc.so.6")
+        libc = ctypes.CDLL(None)  # the C library this process already runs on (as pages.py)
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False

@@ -74,7 +74,12 @@ def distribution(logits: Logits, params: SamplingParams) -> Probs:
     temperature). min-p keeps the tokens at least `min_p` times as likely as the likeliest.
     In float32, like the logits: a float64 copy of a row of 49 152 cost more here than
     all the arithmetic on it."""
-    z = _top_k(logits / np.float32(params.temperature), params.top_k)
+    return _filtered(logits / np.float32(params.temperature), params)
+
+
+def _filtered(z: Logits, params: SamplingParams) -> Probs:
+    """`distribution` of the tempered logits `z`."""
+    z = _top_k(z, params.top_k)
     p: Probs = np.exp(z - np.max(z))
     p /= p.sum()
     if params.top_p < 1.0:
@@ -112,7 +117,7 @@ def log_weights(logits: Logits, params: SamplingParams) -> Logits:
     the exponentials when no top-p or min-p filter needs the probabilities."""
     z = logits / np.float32(params.temperature)
     if params.top_p < 1.0 or params.min_p > 0.0:
-        return np.where(distribution(logits, params) > 0.0, z, np.float32(-np.inf))
+        return np.where(_filtered(z, params) > 0.0, z, np.float32(-np.inf))
     return _top_k(z, params.top_k)
 
 
