@@ -181,6 +181,15 @@ class PairSpec(_Strict):
         description="tokens of earlier requests' prompts and answers kept for n-gram lookup "
         "(about 250 bytes each; 0 = only the request at hand)",
     )
+    prompt_cache_mb: int = Field(
+        256,
+        ge=0,
+        le=1_048_576,
+        description="RAM per model of the pair for conversations put aside: when a request "
+        "on another conversation takes the cache, the one it held is copied here and copied "
+        "back when it returns, instead of its prompt being read again (least recently used "
+        "out first; none kept while under 1 GiB of RAM is available; 0 = off)",
+    )
     spec_min_max_tokens: int = Field(
         0,
         ge=0,

@@ -142,3 +142,15 @@ class FakeTarget:
 
     def clear(self) -> None:
         self.tokens = []
+
+    def snapshot_size(self) -> int:
+        return len(self.snapshot())
+
+    def snapshot(self) -> bytearray:
+        return bytearray(np.asarray(self.tokens, dtype=np.int32).tobytes())
+
+    def restore(self, tokens: list[int], data: bytearray) -> None:
+        held = np.frombuffer(bytes(data), dtype=np.int32).tolist()
+        if held != tokens:  # a snapshot restored under another conversation's tokens
+            raise AssertionError(f"snapshot of {len(held)} tokens restored as {len(tokens)}")
+        self.tokens = list(tokens)

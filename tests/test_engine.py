@@ -410,3 +410,37 @@ def test_logits_are_a_read_only_view_of_the_latest_decode(demo_pair: LoadedPair)
         # Batching moves logits by ~0.01; another position's row differs by whole units.
         np.testing.assert_allclose(one[0], kept[i], atol=0.1)
         assert np.abs(kept[i] - kept[(i + 1) % 4]).max() > 1.0
+
+
+def test_a_conversation_put_aside_comes_back_with_the_same_answer(demo_pair: LoadedPair) -> None:
+    """A long chat, then another user's greeting, then the chat's next turn: with the pair's
+    prompt cache the turn reads only what is new (the chat was copied aside and back, on the
+    target and the draft model), and answers token for token as it does with no cache, which
+    re-reads the whole conversation. Forced draft model, so the draft's restored cache is what
+    it drafts from."""
+    rt = demo_pair.runtime
+    doc = " ".join(f"Step {i}: check the {w} before the release." for i, w in enumerate(PROMPTS))
+    first = chat("Summarise these release notes in two sentences.\n" + doc * 8)
+    budget = rt.target_snapshots.budget
+    answers = []
+    try:
+        for mb in (256, 0):
+            rt.target_snapshots.budget = rt.draft_snapshots.budget = mb << 20
+            rt.clear_caches()
+            force = {"max_tokens": 40, "speculative": True, "drafter": "model"}
+            text, s1, _ = run(rt, messages=first, **force)
+            run(rt, messages=chat("Say hello."), max_tokens=8)
+            turn = [*first, Message("assistant", text), Message("user", "Now in one word.")]
+            again, s2, _ = run(rt, messages=turn, **force)
+            answers.append((again, s2))
+            if mb:
+                assert s2.cached_tokens >= s1.prompt_tokens + s1.completion_tokens - 2
+                assert s2.prompt_tokens - s2.cached_tokens < 20
+                assert s2.accept_rate is not None and s2.accept_rate > 0.5  # the draft's too
+            else:  # the template's opening (SmolLM2's default system prompt) and no more
+                assert s2.cached_tokens < 40 < s2.prompt_tokens - 300
+    finally:
+        rt.target_snapshots.budget = rt.draft_snapshots.budget = budget
+        rt.clear_caches()
+    assert answers[0][0] == answers[1][0]
+    assert answers[0][1].completion_tokens == answers[1][1].completion_tokens

@@ -26,12 +26,14 @@ from homespec.engine.governor import Choice, choose, hand_over, next_window
 from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
+from homespec.engine.prompt_cache import PromptCache
 from homespec.engine.sampling import Draws, SamplingParams, pick, verify
 from homespec.engine.target import Target
 from homespec.engine.textstream import TextStream
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
 from homespec.errors import RequestError
 from homespec.manifest import PairSpec
+from homespec.sizes import MiB
 
 LOG = logging.getLogger("homespec.engine")
 
@@ -50,12 +52,31 @@ class PairRuntime:
     draft_failed: bool = False  # the draft model failed to load: the pair runs degraded
     ledger: Ledger = field(default_factory=Ledger)  # what the governor has measured
     threads: ThreadAdapter | None = None  # adapts llama.cpp's CPU threads to the neighbours
+    # Conversations put aside in RAM, the target's and the draft model's (prompt_cache.py),
+    # within the pair's prompt_cache_mb each
+    target_snapshots: PromptCache = field(init=False)
+    draft_snapshots: PromptCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.target_snapshots = PromptCache(self.spec.prompt_cache_mb * MiB)
+        self.draft_snapshots = PromptCache(self.spec.prompt_cache_mb * MiB)
 
     def clear_caches(self) -> None:
-        """Drop cached prompt prefixes (the bench starts each run from another chat with this)."""
+        """Drop cached prompt prefixes, those put aside included (the bench starts each run
+        from another chat with this)."""
         self.target.clear()
+        self.target_snapshots.clear()
+        self.draft_snapshots.clear()
         if self.draft is not None:
             self.draft.ctx.clear()
+
+    def recall(self, history: list[int]) -> int:
+        """Before a request on `history`: each context's conversation put aside if it is about
+        to be overwritten, and the one sharing most of `history` brought back. The target's
+        tokens of `history` held now (its prompt tokens that need no evaluation)."""
+        if self.draft is not None:
+            self.draft_snapshots.recall(self.draft.ctx, history)
+        return self.target_snapshots.recall(self.target, history).reused
 
     def drafter(self, kind: str) -> Drafter:
         if kind == "ngram":
@@ -281,6 +302,7 @@ def _steps(
     )
     if stats.prompt_format == PROMPT_FORMATS["transcript"]:
         LOG.warning("pair %s: %s", rt.name, stats.prompt_format)
+    stats.cached_tokens = rt.recall(history)
     text = TextStream(req.stop)
     model = rt.target.model
     done = False

@@ -431,6 +431,39 @@ class LlamaContext:
         """CPU threads for the next decodes (llama.cpp allows a change between two decodes)."""
         lc.llama_set_n_threads(self._ctx, n, n)
 
+    def snapshot_size(self) -> int:
+        """The bytes snapshot() takes now (llama.cpp sizes the state without copying it)."""
+        return int(lc.llama_state_seq_get_size(self._ctx, 0))
+
+    def snapshot(self) -> bytearray:
+        """A copy of the cache (llama.cpp's state of sequence 0: its cells, K and V) for
+        restore(); engine/prompt_cache.py keeps them."""
+        size = self.snapshot_size()
+        data = bytearray(size)
+        got = lc.llama_state_seq_get_data(
+            self._ctx, (ctypes.c_uint8 * size).from_buffer(data), size, 0
+        )
+        if got != size:
+            raise EngineError(
+                f"llama.cpp copied {got} of {size} bytes of the cache", "report this bug"
+            )
+        return data
+
+    def restore(self, tokens: list[int], data: bytearray) -> None:
+        """Make the cache hold `tokens` again from the snapshot() taken when it held them; an
+        empty cache where llama.cpp cannot take it back (the next extend re-reads them)."""
+        self.clear()
+        buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        if lc.llama_state_seq_set_data(self._ctx, buf, len(data), 0) != len(data):
+            LOG.warning(
+                "%s: llama.cpp could not restore a %d-token cache snapshot; re-reading it",
+                self.model.path.name,
+                len(tokens),
+            )
+            self.clear()
+            return
+        self.tokens = list(tokens)
+
     def clear(self) -> None:
         """Forget everything cached (the next extend() evaluates its whole history)."""
         lc.llama_memory_clear(self._mem, True)

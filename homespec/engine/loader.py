@@ -458,6 +458,10 @@ def detach_draft(
         draft_ctx = rt.draft.ctx
         rt.draft = None
         rt.draft_unavailable_reason = reason
+        # conversations put aside go first: the draft's with it, the target's too (a draft is
+        # detached to give memory back)
+        rt.draft_snapshots.clear()
+        rt.target_snapshots.clear()
     held = loaded.held
     if isinstance(draft_ctx, LlamaContext) and draft_ctx in held.contexts:
         held.contexts.remove(draft_ctx)

@@ -61,6 +61,7 @@ class GenerationStats:
     reason: str
     drafter: DrafterOrNone
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt's, those the target's cache held (not evaluated)
     completion_tokens: int = 0
     proposed_tokens: int = 0
     accepted_tokens: int = 0

@@ -1,0 +1,148 @@
+"""Conversations put aside (engine/prompt_cache.py): the pure plan, the budget and the RAM
+floor on a context that counts its snapshots, and the loop on the scripted fake target (its
+restore fails on a snapshot brought back under another conversation's tokens). The real
+models' side (bit-identical answers after a restore) is in tests/test_engine.py."""
+
+from __future__ import annotations
+
+from homespec.engine.drafters import ModelDrafter, NgramDrafter
+from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.prompt_cache import MIN_TOKENS, RAM_FLOOR, PromptCache, plan
+from homespec.engine.types import GenerationRequest, GenerationStats, Message
+from homespec.manifest import PairSpec
+from homespec.sizes import GiB
+
+from .fake_target import FakeTarget
+
+A = list(range(1000, 1300))  # a 300-token conversation
+B = list(range(5000, 5200))  # another one
+
+
+def test_a_new_conversation_puts_the_cached_one_aside_and_brings_nothing_back() -> None:
+    p = plan(A, B, [])
+    assert p.save and p.restore is None and p.reused == 0
+
+
+def test_a_continued_conversation_keeps_the_cache_and_saves_nothing() -> None:
+    p = plan(A, [*A, 1, 2, 3], [])
+    assert not p.save and p.restore is None and p.reused == len(A)
+
+
+def test_the_snapshot_sharing_most_of_the_prompt_comes_back() -> None:
+    longer_a = [*A, 7, 7]
+    p = plan(B, [*longer_a, 9], [A[:100], longer_a, B])
+    assert p.restore == 1 and p.reused == len(longer_a)
+    assert p.save is False  # the cache (B) is held by a snapshot already
+
+
+def test_a_restore_must_gain_min_tokens_over_the_cache() -> None:
+    """A chat template's opening is shared by every conversation: not worth a copy."""
+    opening = list(range(10, 10 + MIN_TOKENS - 1))
+    cached = [*opening, *B]
+    kept = [[*opening, *A]]
+    assert plan(cached, [*opening, *A, 5], kept).restore == 0  # gains the whole of A
+    assert plan(cached, [*opening, 5, 6], kept).restore is None  # gains nothing
+    assert plan(cached, [*opening, *A[: MIN_TOKENS - 1], 5], kept).restore is None
+
+
+def test_a_short_cache_or_a_small_drop_is_not_saved() -> None:
+    assert not plan(A[: MIN_TOKENS - 1], B, []).save
+    # the prompt's last token is read again (its logits): a history that parts from the cache
+    # MIN_TOKENS - 1 tokens before its end drops as many, as rejected drafts do
+    assert not plan(A, [*A[: len(A) - MIN_TOKENS + 1], 5], []).save
+    assert plan(A, [*A[: len(A) - MIN_TOKENS], 5], []).save
+
+
+class Counting(FakeTarget):
+    """A FakeTarget whose snapshots weigh 1 MiB per token here, to exercise the budget."""
+
+    def snapshot_size(self) -> int:
+        return len(self.tokens) << 20
+
+    def snapshot(self) -> bytearray:
+        data = super().snapshot()
+        return data + bytearray(len(self.tokens) * (1 << 20) - len(data))
+
+    def restore(self, tokens: list[int], data: bytearray) -> None:
+        super().restore(tokens, data[: 4 * len(tokens)])
+
+
+def test_the_budget_keeps_the_most_recently_used_and_drops_extended_copies() -> None:
+    ctx = Counting(decode_s=0)
+    cache = PromptCache(budget=500 << 20, available=lambda: 64 * GiB)
+    convs = [list(range(k * 1000, k * 1000 + 200)) for k in range(4)]
+    for conv in convs:
+        cache.recall(ctx, conv)
+        ctx.extend(conv)
+    # 200 tokens each: two fit in 500 MiB, and the third and fourth conversation pushed the
+    # first two out (the last is the context's own, not a snapshot)
+    assert [s.tokens for s in cache.kept] == [convs[1], convs[2]]
+    back = cache.recall(ctx, [*convs[1], 1, 2])
+    assert back.restored == len(convs[1]) and ctx.tokens == convs[1]
+    # convs[2] made room for the context's convs[3]; convs[1], restored, is the most recent
+    assert [s.tokens for s in cache.kept] == [convs[3], convs[1]]
+    ctx.extend([*convs[1], 1, 2])
+    cache.recall(ctx, convs[2][:10] + [0] * 100)  # nothing shares it: the cache goes aside
+    # the extended conversation replaced its own older copy
+    assert [s.tokens for s in cache.kept] == [convs[3], [*convs[1], 1, 2]]
+
+
+def test_under_the_ram_floor_nothing_is_kept_and_what_was_kept_goes() -> None:
+    ctx = Counting(decode_s=0)
+    free = [64 * GiB]
+    cache = PromptCache(budget=4 * GiB, available=lambda: free[0])
+    ctx.extend(A)
+    assert cache.recall(ctx, B).saved == len(A)
+    ctx.extend(B)
+    free[0] = RAM_FLOOR + (100 << 20)  # 100 MiB over the floor: B's 200 MiB copy does not fit
+    assert cache.recall(ctx, [7] * 100).saved == 0
+    assert cache.kept == []  # A's copy went first, to make room, and it was not enough
+
+
+def test_a_zero_budget_keeps_nothing() -> None:
+    ctx = FakeTarget(decode_s=0)
+    cache = PromptCache(budget=0)
+    ctx.extend(A)
+    r = cache.recall(ctx, B)
+    assert r.saved == 0 and r.reused == 0 and cache.kept == [] and ctx.tokens == A
+
+
+LONG = "Please review this text carefully. " * 12  # about 420 tokens in the fake vocabulary
+
+
+def run(rt: PairRuntime, messages: list[Message], **kw: object) -> tuple[str, GenerationStats]:
+    parts: list[str] = []
+    stats: GenerationStats | None = None
+    for out in generate(rt, GenerationRequest(messages=messages, max_tokens=80, **kw)):  # type: ignore[arg-type]
+        if isinstance(out, GenerationStats):
+            stats = out
+        else:
+            parts.append(out.text)
+    assert stats is not None
+    return "".join(parts), stats
+
+
+def _conversation(prompt_cache_mb: int) -> list[GenerationStats]:
+    spec = PairSpec(target="t", draft="d", prompt_cache_mb=prompt_cache_mb)
+    draft = ModelDrafter(FakeTarget(decode_s=0))
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0), draft, NgramDrafter())
+    first = [Message("user", LONG)]
+    text, s1 = run(rt, first, speculative=True, drafter="model")
+    _, s2 = run(rt, [Message("user", "Say hello.")])  # a title request, another user
+    again = [*first, Message("assistant", text), Message("user", "Shorter.")]
+    text2, s3 = run(rt, again, speculative=True, drafter="model")
+    assert text2 == "Shorter."
+    assert draft.ctx.tokens[: s3.prompt_tokens] == rt.target.tokens[: s3.prompt_tokens]
+    return [s1, s2, s3]
+
+
+def test_a_conversation_comes_back_after_another_took_the_cache() -> None:
+    """The first chat went aside when "Say hello." came; its next turn reads it from the
+    snapshot, on the target and on the draft model alike (their restores check the snapshot
+    is the conversation's own). The fake's template marks only the answer being generated,
+    so the turn re-reads the first answer from its rendered "assistant:" on."""
+    first, hello, back = _conversation(256)
+    assert first.cached_tokens == 0 and hello.cached_tokens < 10
+    assert back.cached_tokens == first.prompt_tokens - 1
+    _, _, cold = _conversation(0)
+    assert cold.cached_tokens < 10  # the same turn with prompt_cache_mb = 0
