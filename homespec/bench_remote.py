@@ -136,6 +136,9 @@ def _stream(client: httpx.Client, remote: Remote, payload: dict[str, Any]) -> An
     stats.e2e_ms = (time.perf_counter() - t0) * 1000.0
     stats.completion_tokens = int(usage.get("completion_tokens") or chunks)
     stats.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    # OpenAI's (a homespec daemon's too); llama-server's own timings say it as cache_n
+    details = usage.get("prompt_tokens_details") or {}
+    stats.cached_tokens = int(details.get("cached_tokens") or timings.get("cache_n") or 0)
     proposed = int(timings.get("draft_n") or own.get("proposed_tokens") or 0)
     if proposed:
         stats.mode, stats.drafter = "speculative", "auto"

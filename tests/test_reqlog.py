@@ -87,6 +87,15 @@ def test_report_shows_how_long_requests_waited_and_reads_logs_from_before_the_fi
     assert "queue p95" in header and f"{row.queue_p95:.0f}" in line.split()
 
 
+def test_report_shows_the_share_of_prompt_tokens_a_cache_held() -> None:
+    cached = [rec(NOW - i) | {"prompt_tokens": 100, "cached_tokens": 75} for i in range(3)]
+    old = rec(NOW - 1) | {"prompt_tokens": 100}  # a log from before the field: none cached
+    (row,), _ = report([*cached, old], since_s=3600, by="pair", now=NOW)
+    assert row.cached_share == pytest.approx(225 / 400)
+    header, line = render([row], "pair")
+    assert header.split()[-1] == "cached" and line.split()[-1] == "56%"
+
+
 def test_window_and_grouping_by_task() -> None:
     records = [rec(NOW - 10, task="code"), rec(NOW - 20, task="extract"), rec(NOW - 7200)]
     rows, _ = report(records, since_s=parse_since("1h"), by="task", now=NOW)

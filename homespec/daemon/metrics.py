@@ -21,7 +21,10 @@ class Metrics:
             registry=r,
         )
         self.tokens = Counter(
-            "homespec_tokens", "Prompt and completion tokens", ["pair", "kind"], registry=r
+            "homespec_tokens",
+            "Prompt and completion tokens (prompt_cached: prompt tokens a cache held)",
+            ["pair", "kind"],
+            registry=r,
         )
         self.proposed = Counter(
             "homespec_draft_proposed_tokens", "Draft tokens proposed", ["pair"], registry=r
@@ -128,6 +131,7 @@ class Metrics:
         if stats is None:
             return
         self.tokens.labels(pair, "prompt").inc(stats.prompt_tokens)
+        self.tokens.labels(pair, "prompt_cached").inc(stats.cached_tokens)
         self.tokens.labels(pair, "completion").inc(stats.completion_tokens)
         self.proposed.labels(pair).inc(stats.proposed_tokens)
         self.accepted.labels(pair).inc(stats.accepted_tokens)

@@ -316,11 +316,14 @@ def error_body(
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def usage(stats: GenerationStats) -> dict[str, int]:
+def usage(stats: GenerationStats) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens: the prompt's tokens the pair's cache already held
+    (a conversation's earlier turns, or one put aside and brought back: not evaluated again)."""
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
     }
 
 
