@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime, generate
-from homespec.engine.prompt_cache import MIN_TOKENS, RAM_FLOOR, PromptCache, plan
+from homespec.engine.prompt_cache import MIN_GAIN, MIN_TOKENS, RAM_FLOOR, PromptCache, plan
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec
 from homespec.sizes import GiB
@@ -35,14 +35,20 @@ def test_the_snapshot_sharing_most_of_the_prompt_comes_back() -> None:
     assert p.save is False  # the cache (B) is held by a snapshot already
 
 
-def test_a_restore_must_gain_min_tokens_over_the_cache() -> None:
-    """A chat template's opening is shared by every conversation: not worth a copy."""
-    opening = list(range(10, 10 + MIN_TOKENS - 1))
+def test_a_restore_must_spare_enough_reading_for_what_it_copies() -> None:
+    """A chat template's opening is shared by every conversation: not worth a copy. Nor is
+    a long conversation for a little of it; a short one that shares a system prompt is."""
+    opening = list(range(10, 40))  # 30 tokens every history starts with
+    system = list(range(40, 40 + MIN_GAIN))  # a system prompt
     cached = [*opening, *B]
-    kept = [[*opening, *A]]
-    assert plan(cached, [*opening, *A, 5], kept).restore == 0  # gains the whole of A
-    assert plan(cached, [*opening, 5, 6], kept).restore is None  # gains nothing
-    assert plan(cached, [*opening, *A[: MIN_TOKENS - 1], 5], kept).restore is None
+    chat = [*opening, *system, *A]  # 346 tokens; it spares MIN_GAIN + 300 of them
+    assert plan(cached, [*chat, 5], [chat]).restore == 0
+    assert plan(cached, [*opening, 5, 6], [chat]).restore is None  # spares nothing
+    # the same system prompt, another question: spares MIN_GAIN tokens for 346 copied
+    assert plan(cached, [*opening, *system, 5, 6], [chat]).restore is None
+    short = [*opening, *system, *A[:10]]  # 56 tokens: MIN_GAIN spared is worth copying them
+    assert plan(cached, [*opening, *system, 5, 6], [short]).restore == 0
+    assert plan(cached, [*opening, *system[:-1], 5, 6], [short]).restore is None
 
 
 def test_a_short_cache_or_a_small_drop_is_not_saved() -> None:

@@ -6,8 +6,8 @@ tag for it (Open WebUI asks for both after every answer), another user's chat. E
 history is not what the context holds re-reads its whole prompt: 4.3 s for a 1,500-token
 conversation on the demo target here, where copying its cache aside took 4 ms and copying it
 back 4 ms (35 MB, llama.cpp's `llama_state_seq_get_data`/`set_data`; the logits after a
-restore are bit-identical to the ones the cache gave before). llama-server keeps conversations
-in several slots of one cache for the same reason.
+restore are bit-identical to the ones the cache gave before). llama-server does the same by
+default (`--cache-ram`, 8 GiB of host memory).
 
 `plan()` is the decision, pure: whether the cache is worth keeping before it is overwritten,
 and which kept snapshot, if any, holds more of the new history than the cache does.
@@ -27,10 +27,18 @@ import psutil
 from homespec.engine.target import shared_prefix
 from homespec.sizes import GiB
 
-# Fewer tokens than this are not worth a snapshot, nor a restore that gains fewer: a chat
-# template's opening is shared by every conversation, and re-reading 64 tokens costs about
-# one decode.
+# A cache that a request would drop fewer tokens of is not worth a snapshot (a verify step
+# drops its rejected drafts, up to 63).
 MIN_TOKENS = 64
+# A restore must spare reading at least MIN_GAIN tokens, and at least one for every
+# RESTORE_RATIO it copies back: a copy costs per token restored, reading per token read, and
+# reading costs more. Per token, a copy moved 23 KB at about 10 GB/s here where reading took
+# 3 ms (1,000×); an 8B model on a GPU reads about 5,000 tokens a second where a host-to-card
+# copy of its 128 KB per token takes 13 µs (15×). So a persona's shared system prompt (48
+# tokens beyond the template's opening) is worth bringing back from a 160-token chat; a
+# 1,500-token conversation is not brought back for 48 tokens of it.
+MIN_GAIN = 16
+RESTORE_RATIO = 16
 # A snapshot is kept only while this much memory stays available beside it.
 RAM_FLOOR = 1 * GiB
 
@@ -71,17 +79,19 @@ def plan(cached: list[int], history: list[int], kept: Sequence[list[int]]) -> Pl
     """What to do before a request whose prompt is `history` runs on a context holding
     `cached`, given the token lists of the snapshots `kept`.
 
-    Restore the snapshot sharing the longest prefix with `history`, when it shares at least
-    MIN_TOKENS more than the cache does. Save the cache when the request would drop at least
+    Restore the snapshot sharing the longest prefix with `history`, when that spares reading
+    enough of it (MIN_GAIN, RESTORE_RATIO). Save the cache when the request would drop at least
     MIN_TOKENS of it (all of it, when a snapshot replaces it) and no snapshot already holds all
     of it (one restored and extended since is a longer copy, not this)."""
-    limit = len(history) - 1  # the last position is decoded again anyway: its logits
+    limit = max(0, len(history) - 1)  # the last position is decoded again anyway: its logits
     here = shared_prefix(cached, history, limit)
     shares = [shared_prefix(tokens, history, limit) for tokens in kept]
     # the longest, the most recent of equals
     best = max(reversed(range(len(kept))), key=shares.__getitem__, default=None)
-    if best is not None and shares[best] < here + MIN_TOKENS:
-        best = None
+    if best is not None:
+        gain = shares[best] - here
+        if gain < MIN_GAIN or gain * RESTORE_RATIO < len(kept[best]):
+            best = None
     dropped = len(cached) - (here if best is None else 0)
     held = any(shared_prefix(tokens, cached) == len(cached) for tokens in kept)
     reused = here if best is None else shares[best]
@@ -120,21 +130,19 @@ class PromptCache:
     def recall(self, ctx: Snapshotting, history: list[int]) -> Recall:
         """Before `history` runs on `ctx`: put its cache aside if worth it, and bring back the
         snapshot holding most of `history` if that is more than the cache holds."""
-        if self.budget <= 0:
-            return Recall(reused=shared_prefix(ctx.tokens, history, len(history) - 1))
-        p = plan(ctx.tokens, history, [s.tokens for s in self.kept])
-        chosen = self.kept[p.restore] if p.restore is not None else None
-        if chosen is not None:  # the most recently used: the save below must not evict it
-            self.kept.remove(chosen)
-            self.kept.append(chosen)
-        saved = 0
-        if p.save and self._room(ctx.snapshot_size(), ctx.tokens, chosen):
-            self.kept.insert(len(self.kept) - (chosen is not None), _take(ctx))
-            saved = len(ctx.tokens)
-        if chosen is not None:
-            ctx.restore(chosen.tokens, chosen.data)
+        chosen, saved = None, 0
+        if self.budget > 0:
+            p = plan(ctx.tokens, history, [s.tokens for s in self.kept])
+            if p.restore is not None:  # the most recently used: the save must not evict it
+                chosen = self.kept.pop(p.restore)
+                self.kept.append(chosen)
+            if p.save and self._room(ctx.snapshot_size(), ctx.tokens, chosen):
+                self.kept.insert(len(self.kept) - (chosen is not None), _take(ctx))
+                saved = len(ctx.tokens)
+            if chosen is not None:
+                ctx.restore(chosen.tokens, chosen.data)
         # what the context holds now, not what the plan meant it to (a restore can fail)
-        reused = shared_prefix(ctx.tokens, history, len(history) - 1)
+        reused = shared_prefix(ctx.tokens, history, max(0, len(history) - 1))
         return Recall(reused=reused, restored=reused if chosen else 0, saved=saved)
 
     def _room(self, size: int, tokens: list[int], chosen: Snapshot | None) -> bool:
