@@ -105,6 +105,21 @@ def test_under_the_ram_floor_nothing_is_kept_and_what_was_kept_goes() -> None:
     assert cache.kept == []  # A's copy went first, to make room, and it was not enough
 
 
+class Uncopyable(FakeTarget):
+    """A context whose cache llama.cpp could not copy (LlamaContext.snapshot says so empty)."""
+
+    def snapshot(self) -> bytearray:
+        return bytearray()
+
+
+def test_a_cache_that_cannot_be_copied_is_not_kept_and_the_request_goes_on() -> None:
+    ctx = Uncopyable(decode_s=0)
+    cache = PromptCache(budget=1 << 30, available=lambda: 64 * GiB)
+    ctx.extend(A)
+    r = cache.recall(ctx, B)
+    assert r.saved == 0 and cache.kept == [] and ctx.tokens == A  # extend drops it next
+
+
 def test_a_zero_budget_keeps_nothing() -> None:
     ctx = FakeTarget(decode_s=0)
     cache = PromptCache(budget=0)

@@ -437,16 +437,21 @@ class LlamaContext:
 
     def snapshot(self) -> bytearray:
         """A copy of the cache (llama.cpp's state of sequence 0: its cells, K and V) for
-        restore(); engine/prompt_cache.py keeps them."""
+        restore(); engine/prompt_cache.py keeps them. Empty where llama.cpp could not copy
+        it all (nothing is kept then: a cache is an optimisation, the request goes on)."""
         size = self.snapshot_size()
         data = bytearray(size)
         got = lc.llama_state_seq_get_data(
             self._ctx, (ctypes.c_uint8 * size).from_buffer(data), size, 0
         )
         if got != size:
-            raise EngineError(
-                f"llama.cpp copied {got} of {size} bytes of the cache", "report this bug"
+            LOG.warning(
+                "%s: llama.cpp copied %d of %d bytes of the cache; not kept",
+                self.model.path.name,
+                got,
+                size,
             )
+            return bytearray()
         return data
 
     def restore(self, tokens: list[int], data: bytearray) -> None:

@@ -54,7 +54,7 @@ class Snapshotting(Protocol):
         ...
 
     def snapshot(self) -> bytearray:
-        """The cache as bytes (llama.cpp's sequence state)."""
+        """The cache as bytes (llama.cpp's sequence state); empty where it cannot be copied."""
         ...
 
     def restore(self, tokens: list[int], data: bytearray) -> None:
@@ -111,10 +111,6 @@ def _available() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def _take(ctx: Snapshotting) -> Snapshot:
-    return Snapshot(list(ctx.tokens), ctx.snapshot())
-
-
 class PromptCache:
     """A context's snapshots, most recently used last, `budget` bytes at most."""
 
@@ -137,8 +133,10 @@ class PromptCache:
                 chosen = self.kept.pop(p.restore)
                 self.kept.append(chosen)
             if p.save and self._room(ctx.snapshot_size(), ctx.tokens, chosen):
-                self.kept.insert(len(self.kept) - (chosen is not None), _take(ctx))
-                saved = len(ctx.tokens)
+                snap = Snapshot(list(ctx.tokens), ctx.snapshot())
+                if snap.data:  # empty: the context could not copy it
+                    self.kept.insert(len(self.kept) - (chosen is not None), snap)
+                    saved = len(snap.tokens)
             if chosen is not None:
                 ctx.restore(chosen.tokens, chosen.data)
         # what the context holds now, not what the plan meant it to (a restore can fail)
