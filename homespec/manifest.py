@@ -188,7 +188,8 @@ class PairSpec(_Strict):
         description="RAM per model of the pair for conversations put aside: when a request "
         "on another conversation takes the cache, the one it held is copied here and copied "
         "back when it returns, instead of its prompt being read again (least recently used "
-        "out first; none kept while under 1 GiB of RAM is available; 0 = off)",
+        "out first; none kept while under 1 GiB of RAM, or of room under the cgroup limit, is "
+        "available; 0 = off)",
     )
     spec_min_max_tokens: int = Field(
         0,

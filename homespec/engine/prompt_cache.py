@@ -12,8 +12,9 @@ default (`--cache-ram`, 8 GiB of host memory).
 `plan()` is the decision, pure: whether the cache is worth keeping before it is overwritten,
 and which kept snapshot, if any, holds more of the new history than the cache does.
 `PromptCache` carries it out on a context, within a byte budget (`prompt_cache_mb` in
-models.toml), least recently used first out, and never below RAM_FLOOR of available memory: a
-memory-tight box keeps no snapshots rather than swapping for them.
+models.toml), least recently used first out, and never below RAM_FLOOR of available memory
+(under the cgroup limit, where the service has one): a memory-tight box keeps no snapshots
+rather than swapping or being killed for them.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import psutil
-
 from homespec.engine.target import shared_prefix
+from homespec.resources import probe_ram
 from homespec.sizes import GiB
 
 # A cache that a request would drop fewer tokens of is not worth a snapshot (a verify step
@@ -108,7 +108,9 @@ class Recall:
 
 
 def _available() -> int:
-    return int(psutil.virtual_memory().available)
+    """What a new allocation can take: available RAM, or less under the service's cgroup
+    limit (systemd MemoryMax=), which the kernel enforces by killing the engine."""
+    return probe_ram().free
 
 
 class PromptCache:
