@@ -11,7 +11,8 @@
 # Writes gpu.txt (the card), doctor.txt (the measured decode costs: is the curve flat?),
 # compare.txt (the table, and under it auto against plain, the best forced mode and the best
 # llama-server configuration per task), the servers' logs and step_overhead.txt (homespec's
-# own µs per step outside llama_decode: at 700+ tok/s a millisecond matters) into $OUT (the
+# own µs per step outside llama_decode: at 700+ tok/s a millisecond matters) and
+# conversations.txt (chats taking turns with the prompt cache on and off) into $OUT (the
 # device tool's folder; ./gpu-tables elsewhere), and prints the tables. About 5 minutes on one
 # H100 once llama.cpp is built (2 on a 2-core CPU for --task short).
 #
@@ -60,4 +61,8 @@ LLAMA_SERVER_BIN=$SERVER GPU_LAYERS=${GPU_LAYERS:-999} \
 say "homespec's own time per step outside llama_decode (step_overhead.py)"
 "$PY" scripts/step_overhead.py --json "$DEST/step_overhead.json" 2>&1 \
   | tee "$DEST/step_overhead.txt" || say "step_overhead.py failed: see $DEST/step_overhead.txt"
-say "wrote $DEST: gpu.txt doctor.txt compare.txt compare.log step_overhead.txt"
+say "conversations put aside on the card (conversations.py: the prompt cache copies CUDA KV)"
+"$PY" scripts/conversations.py --cache-mb 256,0 --conversations 2 --turns 2 \
+  --json "$DEST/conversations.json" 2>"$DEST/conversations.log" | tee "$DEST/conversations.txt" \
+  || say "conversations.py failed: see $DEST/conversations.log"
+say "wrote $DEST: gpu.txt doctor.txt compare.txt compare.log step_overhead.txt conversations.txt"
