@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -99,7 +100,8 @@ class RecordingRuntime(PairRuntime):
 
 
 def recording(rt: PairRuntime) -> RecordingRuntime:
-    rec = RecordingRuntime(**{f: getattr(rt, f) for f in rt.__dataclass_fields__})
+    fields = {f.name: getattr(rt, f.name) for f in dataclasses.fields(rt) if f.init}
+    rec = RecordingRuntime(**fields)
     rec.recorder = rec.ngram = RecordingDrafter(rt.ngram)  # type: ignore[assignment]
     return rec
 
@@ -215,7 +217,9 @@ def _first_two_tokens(
         no_memory = NgramDrafter(n_min=rt.ngram.n_min, n_max=rt.ngram.n_max)
         rt2 = replace(rt, draft=rec, ngram=no_memory, ledger=_ledger_that_drafts(rt))  # type: ignore[arg-type]
     else:
-        rt2 = replace(rt, draft=rec, ngram=rec)  # type: ignore[arg-type]
+        # an n-gram kind is the pair's n-gram drafter; the draft model's slot keeps the model
+        draft = rt.draft if rec.kind == "ngram" else rec
+        rt2 = replace(rt, draft=draft, ngram=rec)  # type: ignore[arg-type]
     pairs = []
     for seed in range(n):
         rec.calls.clear()
