@@ -24,17 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-from daemon_vs_plain import free_port, wait_until_speculative
+from daemon_vs_plain import serving
 
 from homespec.bench_remote import Remote, parse_against, run_remote, warm_up
 from homespec.engine.types import GenerationStats, Message
@@ -129,42 +128,24 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def with_cache(mb: int, state: Path) -> Path:
+def with_cache(mb: int) -> Path:
     """A copy of models.toml, beside it (its paths are relative), with prompt_cache_mb = mb."""
     shipped = Path("models.toml").read_text()
     text, n = re.subn(r"(?m)^prompt_cache_mb = \d+", f"prompt_cache_mb = {mb}", shipped)
     if not n:
         raise SystemExit("models.toml has no prompt_cache_mb line to set")
-    path = Path(f".models-cache-{mb}-{state.name}.toml")
+    path = Path(f".models-cache-{mb}-{os.getpid()}.toml")
     path.write_text(text)
     return path
 
 
 def serve(mb: int, args: argparse.Namespace, starts: list[WorkItem]) -> list[Turn]:
-    state = Path(tempfile.mkdtemp(prefix="homespec-conversations-"))
-    config = with_cache(mb, state)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = state / "daemon.log"
-    cmd = [sys.executable, "-m", "homespec", "serve", "--config", str(config)]
+    """The script through a fresh `homespec serve` whose pair keeps `mb` MiB of snapshots."""
+    config = with_cache(mb)
     try:
-        with log.open("wb") as sink:
-            daemon = subprocess.Popen(
-                [*cmd, "--port", str(port), "--state-dir", str(state)],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                print(f"homespec serve (prompt_cache_mb {mb}) on {url}, log {log}", file=sys.stderr)
-                with httpx.Client() as client:
-                    wait_until_speculative(client, url, daemon)
-                label = f"homespec cache {mb} MiB"
-                return run_script(
-                    Remote(label, url), starts, args.turns, args.max_tokens, args.titles
-                )
-            finally:
-                daemon.terminate()
-                daemon.wait(timeout=60)
+        with serving("homespec-conversations-", config) as url:
+            label = f"homespec cache {mb} MiB"
+            return run_script(Remote(label, url), starts, args.turns, args.max_tokens, args.titles)
     finally:
         config.unlink(missing_ok=True)
 

@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,29 @@ def wait_until_speculative(client: httpx.Client, url: str, daemon: subprocess.Po
             pass
         time.sleep(0.5)
     raise SystemExit(f"the daemon did not turn speculative in {READY_WAIT_S} s")
+
+
+@contextmanager
+def serving(prefix: str, config: Path | None = None) -> Iterator[str]:
+    """`homespec serve` on the default pair with fresh state (a temporary --state-dir named
+    `prefix`…), on a free port; its URL once the draft is attached, stopped on leaving."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    state = tempfile.mkdtemp(prefix=prefix)
+    log = Path(state) / "daemon.log"
+    cmd = [sys.executable, "-m", "homespec", "serve", "--port", str(port), "--state-dir", state]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    with log.open("wb") as sink:
+        daemon = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            print(f"homespec serve on {url} (log: {log}); waiting for its draft…", file=sys.stderr)
+            with httpx.Client() as client:
+                wait_until_speculative(client, url, daemon)
+            yield url
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=60)
 
 
 def run(items: list[WorkItem], daemon: Remote, with_task: bool) -> list[Pair]:
@@ -150,24 +175,8 @@ def main() -> None:
         items = [i for i in items if i.task in args.task.split(",")]
     if not items:
         raise SystemExit(f"no prompts in {args.workload} for --task {args.task}")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    state = tempfile.mkdtemp(prefix="homespec-vs-plain-")
-    log = Path(state) / "daemon.log"
-    with log.open("wb") as sink:
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "homespec", "serve", "--port", str(port), "--state-dir", state],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            print(f"homespec serve on {url} (log: {log}); waiting for its draft…", file=sys.stderr)
-            with httpx.Client() as client:
-                wait_until_speculative(client, url, daemon)
-            pairs = run(items, Remote("homespec-daemon", url), args.with_task)
-        finally:
-            daemon.terminate()
-            daemon.wait(timeout=60)
+    with serving("homespec-vs-plain-") as url:
+        pairs = run(items, Remote("homespec-daemon", url), args.with_task)
     text, rows = table(pairs)
     print(
         f"daemon (default: the governor) against the same daemon with speculative=false, "

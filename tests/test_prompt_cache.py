@@ -6,13 +6,14 @@ models' side (bit-identical answers after a restore) is in tests/test_engine.py.
 from __future__ import annotations
 
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
-from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.generate import PairRuntime
 from homespec.engine.prompt_cache import MIN_GAIN, MIN_TOKENS, RAM_FLOOR, PromptCache, plan
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec
 from homespec.sizes import GiB
 
 from .fake_target import FakeTarget
+from .test_verify import run
 
 A = list(range(1000, 1300))  # a 300-token conversation
 B = list(range(5000, 5200))  # another one
@@ -131,16 +132,8 @@ def test_a_zero_budget_keeps_nothing() -> None:
 LONG = "Please review this text carefully. " * 12  # about 420 tokens in the fake vocabulary
 
 
-def run(rt: PairRuntime, messages: list[Message], **kw: object) -> tuple[str, GenerationStats]:
-    parts: list[str] = []
-    stats: GenerationStats | None = None
-    for out in generate(rt, GenerationRequest(messages=messages, max_tokens=80, **kw)):  # type: ignore[arg-type]
-        if isinstance(out, GenerationStats):
-            stats = out
-        else:
-            parts.append(out.text)
-    assert stats is not None
-    return "".join(parts), stats
+def chat(rt: PairRuntime, messages: list[Message], **kw: object) -> tuple[str, GenerationStats]:
+    return run(rt, GenerationRequest(messages=messages, max_tokens=80, **kw))  # type: ignore[arg-type]
 
 
 def _conversation(prompt_cache_mb: int) -> list[GenerationStats]:
@@ -148,10 +141,10 @@ def _conversation(prompt_cache_mb: int) -> list[GenerationStats]:
     draft = ModelDrafter(FakeTarget(decode_s=0))
     rt = PairRuntime("p", spec, FakeTarget(decode_s=0), draft, NgramDrafter())
     first = [Message("user", LONG)]
-    text, s1 = run(rt, first, speculative=True, drafter="model")
-    _, s2 = run(rt, [Message("user", "Say hello.")])  # a title request, another user
+    text, s1 = chat(rt, first, speculative=True, drafter="model")
+    _, s2 = chat(rt, [Message("user", "Say hello.")])  # a title request, another user
     again = [*first, Message("assistant", text), Message("user", "Shorter.")]
-    text2, s3 = run(rt, again, speculative=True, drafter="model")
+    text2, s3 = chat(rt, again, speculative=True, drafter="model")
     assert text2 == "Shorter."
     assert draft.ctx.tokens[: s3.prompt_tokens] == rt.target.tokens[: s3.prompt_tokens]
     return [s1, s2, s3]
