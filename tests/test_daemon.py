@@ -87,40 +87,6 @@ def test_openai_sdk_streaming_puts_stats_in_the_last_chunk(sdk: OpenAI) -> None:
     assert last["usage"]["completion_tokens"] == last["homespec"]["completion_tokens"]
 
 
-def test_a_conversation_put_aside_is_reported_cached_when_it_comes_back(
-    sdk: OpenAI, daemon: Daemon
-) -> None:
-    """Another request took the pair's cache between two turns of a chat: the second turn's
-    prompt comes from the conversation put aside, and OpenAI's usage says how much of it
-    (`prompt_tokens_details.cached_tokens`), as do the stats, the request log and /metrics."""
-    chat = user("Review this text. " * 12)
-    first = sdk.chat.completions.create(model="smollm2", messages=chat, max_tokens=20)  # type: ignore[call-overload]
-    sdk.chat.completions.create(model="smollm2", messages=user("Say hello."), max_tokens=8)  # type: ignore[call-overload]
-    turn = [
-        *chat,
-        {"role": "assistant", "content": first.choices[0].message.content},
-        {"role": "user", "content": "Shorter."},
-    ]
-    again = sdk.chat.completions.create(model="smollm2", messages=turn, max_tokens=20)  # type: ignore[call-overload]
-    assert first.usage is not None and again.usage is not None
-    details = again.usage.prompt_tokens_details
-    assert details is not None and details.cached_tokens is not None
-    # the fake's template marks only the answer being generated: all of the first prompt but
-    # that mark comes back
-    assert details.cached_tokens == first.usage.prompt_tokens - 1
-    assert again.model_dump()["homespec"]["cached_tokens"] == details.cached_tokens
-    assert read_log(daemon)[-1]["cached_tokens"] == details.cached_tokens
-    metrics = text_string_to_metric_families(httpx.get(daemon.url + "/metrics").text)
-    cached = [
-        s.value
-        for family in metrics
-        for s in family.samples
-        if s.name == "homespec_tokens_total"
-        and s.labels == {"pair": "smollm2", "kind": "prompt_cached"}
-    ]
-    assert cached and cached[0] >= details.cached_tokens
-
-
 def test_a_sampled_answer_reports_its_seed_and_the_seed_repeats_it(sdk: OpenAI) -> None:
     """Through the daemon, streamed or not: the seed a sampled answer drew with is in
     `homespec.seed`, and sending it back gives the same text (test_verify.py has the same on

@@ -1,9 +1,17 @@
 """Conversations put aside (engine/prompt_cache.py): the pure plan, the budget and the RAM
-floor on a context that counts its snapshots, and the loop on the scripted fake target (its
-restore fails on a snapshot brought back under another conversation's tokens). The real
-models' side (bit-identical answers after a restore) is in tests/test_engine.py."""
+floor on a context that counts its snapshots, the loop on the scripted fake target (its
+restore fails on a snapshot brought back under another conversation's tokens) and what a
+daemon's client sees of it. The real models' side (bit-identical answers after a restore) is
+in tests/test_engine.py."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
@@ -12,6 +20,7 @@ from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec
 from homespec.sizes import GiB
 
+from .daemon_process import Daemon, fake_daemon, read_log, user
 from .fake_target import FakeTarget
 from .test_verify import run
 
@@ -160,3 +169,50 @@ def test_a_conversation_comes_back_after_another_took_the_cache() -> None:
     assert back.cached_tokens == first.prompt_tokens - 1
     _, _, cold = _conversation(0)
     assert cold.cached_tokens < 10  # the same turn with prompt_cache_mb = 0
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = fake_daemon(tmp_path_factory.mktemp("daemon"), "--pair", "smollm2")
+    yield d
+    d.stop()
+
+
+@pytest.fixture()
+def sdk(daemon: Daemon) -> Iterator[OpenAI]:
+    with OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def test_a_conversation_put_aside_is_reported_cached_when_it_comes_back(
+    sdk: OpenAI, daemon: Daemon
+) -> None:
+    """Another request took the pair's cache between two turns of a chat: the second turn's
+    prompt comes from the conversation put aside, and OpenAI's usage says how much of it
+    (`prompt_tokens_details.cached_tokens`), as do the stats, the request log and /metrics."""
+    chat = user("Review this text. " * 12)
+    first = sdk.chat.completions.create(model="smollm2", messages=chat, max_tokens=20)  # type: ignore[call-overload]
+    sdk.chat.completions.create(model="smollm2", messages=user("Say hello."), max_tokens=8)  # type: ignore[call-overload]
+    turn = [
+        *chat,
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Shorter."},
+    ]
+    again = sdk.chat.completions.create(model="smollm2", messages=turn, max_tokens=20)  # type: ignore[call-overload]
+    assert first.usage is not None and again.usage is not None
+    details = again.usage.prompt_tokens_details
+    assert details is not None and details.cached_tokens is not None
+    # the fake's template marks only the answer being generated: all of the first prompt but
+    # that mark comes back
+    assert details.cached_tokens == first.usage.prompt_tokens - 1
+    assert again.model_dump()["homespec"]["cached_tokens"] == details.cached_tokens
+    assert read_log(daemon)[-1]["cached_tokens"] == details.cached_tokens
+    metrics = text_string_to_metric_families(httpx.get(daemon.url + "/metrics").text)
+    cached = [
+        s.value
+        for family in metrics
+        for s in family.samples
+        if s.name == "homespec_tokens_total"
+        and s.labels == {"pair": "smollm2", "kind": "prompt_cached"}
+    ]
+    assert cached and cached[0] >= details.cached_tokens

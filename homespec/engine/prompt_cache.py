@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-from homespec.engine.target import shared_prefix
+from homespec.engine.target import Target, shared_prefix
 from homespec.resources import probe_ram
 from homespec.sizes import GiB
 
@@ -43,25 +42,6 @@ RESTORE_RATIO = 16
 RAM_FLOOR = 1 * GiB
 
 
-class Snapshotting(Protocol):
-    """What a context offers for this: its tokens, a copy of its cache, and a way back."""
-
-    @property
-    def tokens(self) -> list[int]: ...
-
-    def snapshot_size(self) -> int:
-        """The bytes snapshot() would take now."""
-        ...
-
-    def snapshot(self) -> bytearray:
-        """The cache as bytes (llama.cpp's sequence state); empty where it cannot be copied."""
-        ...
-
-    def restore(self, tokens: list[int], data: bytearray) -> None:
-        """Make the cache hold `tokens` again, from what snapshot() gave when it held them."""
-        ...
-
-
 @dataclass
 class Snapshot:
     tokens: list[int]
@@ -75,6 +55,12 @@ class Plan:
     reused: int  # tokens of the history the context holds afterwards
 
 
+def _reusable(tokens: list[int], history: list[int]) -> int:
+    """Tokens of `history` that a cache holding `tokens` spares reading: their common prefix,
+    but for the history's last position, decoded again anyway for its logits."""
+    return shared_prefix(tokens, history, max(0, len(history) - 1))
+
+
 def plan(cached: list[int], history: list[int], kept: Sequence[list[int]]) -> Plan:
     """What to do before a request whose prompt is `history` runs on a context holding
     `cached`, given the token lists of the snapshots `kept`.
@@ -83,9 +69,8 @@ def plan(cached: list[int], history: list[int], kept: Sequence[list[int]]) -> Pl
     enough of it (MIN_GAIN, RESTORE_RATIO). Save the cache when the request would drop at least
     MIN_TOKENS of it (all of it, when a snapshot replaces it) and no snapshot already holds all
     of it (one restored and extended since is a longer copy, not this)."""
-    limit = max(0, len(history) - 1)  # the last position is decoded again anyway: its logits
-    here = shared_prefix(cached, history, limit)
-    shares = [shared_prefix(tokens, history, limit) for tokens in kept]
+    here = _reusable(cached, history)
+    shares = [_reusable(tokens, history) for tokens in kept]
     # the longest, the most recent of equals
     best = max(reversed(range(len(kept))), key=shares.__getitem__, default=None)
     if best is not None:
@@ -125,7 +110,7 @@ class PromptCache:
     def size(self) -> int:
         return sum(len(s.data) for s in self.kept)
 
-    def recall(self, ctx: Snapshotting, history: list[int]) -> Recall:
+    def recall(self, ctx: Target, history: list[int]) -> Recall:
         """Before `history` runs on `ctx`: put its cache aside if worth it, and bring back the
         snapshot holding most of `history` if that is more than the cache holds."""
         chosen, saved = None, 0
@@ -142,7 +127,7 @@ class PromptCache:
             if chosen is not None:
                 ctx.restore(chosen.tokens, chosen.data)
         # what the context holds now, not what the plan meant it to (a restore can fail)
-        reused = shared_prefix(ctx.tokens, history, max(0, len(history) - 1))
+        reused = _reusable(ctx.tokens, history)
         return Recall(reused=reused, restored=reused if chosen else 0, saved=saved)
 
     def _room(self, size: int, tokens: list[int], chosen: Snapshot | None) -> bool:

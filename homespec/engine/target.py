@@ -55,13 +55,18 @@ class Target(Protocol):
 
     def clear(self) -> None: ...
 
-    def snapshot_size(self) -> int: ...
-
-    def snapshot(self) -> bytearray:
-        """A copy of the cache that restore() takes back (engine/prompt_cache.py)."""
+    # Conversations put aside (engine/prompt_cache.py):
+    def snapshot_size(self) -> int:
+        """The bytes snapshot() would take now."""
         ...
 
-    def restore(self, tokens: list[int], data: bytearray) -> None: ...
+    def snapshot(self) -> bytearray:
+        """The cache as bytes (llama.cpp's sequence state); empty where it cannot be copied."""
+        ...
+
+    def restore(self, tokens: list[int], data: bytearray) -> None:
+        """Make the cache hold `tokens` again, from what snapshot() gave when it held them."""
+        ...
 
     def set_threads(self, n: int) -> None:
         """CPU threads for the next decodes."""
