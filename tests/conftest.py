@@ -9,9 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFWriter
+from openai import OpenAI
 
 from homespec.engine.loader import LoadedPair, load_pair
 from homespec.manifest import Manifest, load_manifest
+
+from .daemon_process import Daemon
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_MANIFEST = REPO / "models.toml"
@@ -112,3 +115,12 @@ def repack_crash_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = REPO / "tests" / "native" / "repack_crash.c"
     subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(src), "-ldl"], check=True)
     return out
+
+
+@pytest.fixture()
+def sdk(daemon: Daemon) -> Iterator[OpenAI]:
+    """An OpenAI client of the module's `daemon` fixture. Closed after the test: a client left
+    to the garbage collector closed its socket with a ResourceWarning in whichever test the
+    collection ran (an error under filterwarnings)."""
+    with OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client

@@ -53,14 +53,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.stop()
 
 
-@pytest.fixture()
-def sdk(daemon: Daemon) -> Iterator[OpenAI]:
-    # Closed after the test: a client left to the garbage collector closed its socket with a
-    # ResourceWarning in whichever test the collection ran (an error under filterwarnings).
-    with OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0) as client:
-        yield client
-
-
 def test_openai_sdk_non_streaming_carries_usage_and_stats(sdk: OpenAI) -> None:
     r = sdk.chat.completions.create(
         model="smollm2", messages=user("Write a Dockerfile for a Flask app."), max_tokens=48

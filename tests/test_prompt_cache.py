@@ -178,12 +178,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.stop()
 
 
-@pytest.fixture()
-def sdk(daemon: Daemon) -> Iterator[OpenAI]:
-    with OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0) as client:
-        yield client
-
-
 def test_a_conversation_put_aside_is_reported_cached_when_it_comes_back(
     sdk: OpenAI, daemon: Daemon
 ) -> None:
