@@ -448,3 +448,25 @@ def test_a_conversation_put_aside_comes_back_with_the_same_answer(demo_pair: Loa
         rt.clear_caches()
     assert answers[0][0] == answers[1][0]
     assert answers[0][1].completion_tokens == answers[1][1].completion_tokens
+
+
+def test_a_prediction_speeds_the_answer_it_predicts_and_changes_none(demo_pair: LoadedPair) -> None:
+    """OpenAI's Predicted Outputs on the real pair: the answer to a question asked before is
+    sent back as the prediction of the next answer (a client regenerating it): it is drafted
+    from, far fewer target decodes make the same answer; a prediction with a line changed is
+    found again after the change; a sampled answer with its seed is plain decoding's."""
+    rt = demo_pair.runtime
+    kw: dict[str, Any] = {"messages": chat(PROMPTS[0]), "max_tokens": 80, "remember": False}
+    plain, p, _ = run(rt, speculative=False, **kw)
+    text, s, _ = run(rt, prediction=plain, **kw)
+    assert text == plain
+    assert s.prediction_tokens >= 70 and s.accepted_prediction_tokens >= 0.7 * s.completion_tokens
+    assert s.verify_steps <= p.verify_steps / 3, s.reason
+    lines = plain.splitlines(keepends=True)
+    changed = "".join([*lines[:2], "# a line the answer does not have\n", *lines[3:]])
+    text, s, _ = run(rt, prediction=changed, speculative=True, drafter="ngram", **kw)
+    assert text == plain and s.accepted_prediction_tokens >= 0.5 * s.completion_tokens
+    hot = {**kw, "temperature": 0.8, "seed": 11}
+    sampled, _, _ = run(rt, speculative=False, **hot)
+    text, s, _ = run(rt, prediction=sampled, **hot)
+    assert text == sampled and s.accepted_prediction_tokens > 0

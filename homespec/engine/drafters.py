@@ -6,7 +6,8 @@
 - `NgramDrafter`: prompt lookup. Finds the most recent earlier occurrence of the last n tokens
   (longest n first) in prompt + output and proposes what followed it. No model to run, so free;
   wins when the answer repeats the prompt (edits, extraction, structured output). With an
-  `NgramMemory` it also looks in earlier requests' prompts and answers.
+  `NgramMemory` it also looks in earlier requests' prompts and answers, and in the client's
+  guess at the answer where a request brings one (`Prediction`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from homespec.engine.ngram_memory import NgramMemory, since_boundary
+from homespec.engine.prediction import Prediction
 from homespec.engine.sampling import Draws, SamplingParams, log_weights, top_probability
 from homespec.engine.target import Target, shared_prefix
 
@@ -152,7 +154,9 @@ class NgramDrafter:
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
         self.match_len = 0  # of the last proposal (0: none)
         self.from_memory = False  # the last proposal came from an earlier request
+        self.from_prediction = False  # ... from the request's prediction (see predict)
         self.answer_start = 0  # see reset
+        self.prediction: Prediction | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -169,7 +173,17 @@ class NgramDrafter:
         self._index = {n: {} for n in range(self.n_min, self.n_max + 1)}
         self.match_len = 0
         self.from_memory = False
+        self.from_prediction = False
         self.answer_start = 0
+        self.prediction = None
+
+    def predict(self, tokens: list[int], answer_start: int) -> None:
+        """This generation's answer is expected to read like `tokens` (the client's guess, after
+        reset): lookup drafts from it too, where it agrees with the answer's end for longer
+        than the prompt and the memory do. Its anchor makes an answer that began as it does
+        agree one token longer there; on a tie (a file to edit is in the prompt and in the
+        prediction) the prompt's place is taken, priced by the tables that know the task."""
+        self.prediction = Prediction(tokens, answer_start, n_min=self.n_min, n_max=self.n_max)
 
     def remember(self, tokens: list[int]) -> None:
         """A finished request's prompt and answer, for the requests after it (with a memory)."""
@@ -198,19 +212,24 @@ class NgramDrafter:
 
     def propose(self, history: list[int], k: int, params: SamplingParams, draws: Draws) -> Proposal:
         self._update(history)
-        proposal, self.match_len, self.from_memory = self._continue(history, k)
+        proposal, self.match_len, origin = self._continue(history, k)
+        self.from_memory, self.from_prediction = origin == "memory", origin == "prediction"
         return proposal
 
     def lookahead(self, history: list[int], extra: list[int], k: int) -> tuple[list[int], int]:
         """What lookup would propose after `history` + `extra` (a draft model's tokens not
         verified yet), and its agreement length; ([], 0) for no match. Only `history` is
         indexed: a draft that the target rejects must never become something to match.
-        Call after `propose(history, …)` (which indexes it); changes nothing."""
-        proposal, match_len, _ = self._continue(history + extra, k)
+        Call after `propose(history, …)` (which indexes it); changes nothing. The prediction
+        is not looked in: its proposals are priced by tables of their own (see Ledger)."""
+        proposal, match_len, _ = self._continue(history + extra, k, predicted=False)
         return proposal.tokens, match_len
 
-    def _continue(self, seq: list[int], k: int) -> tuple[Proposal, int, bool]:
-        """(proposal, agreement length, from memory) for what follows `seq`."""
+    def _continue(
+        self, seq: list[int], k: int, *, predicted: bool = True
+    ) -> tuple[Proposal, int, str]:
+        """(proposal, agreement length, where it came from: "prompt", "memory", "prediction"
+        or "" for none) for what follows `seq`."""
         # How far back any agreement with seq's end may count: to its last control token
         # (a turn marker) and, in a chat's answer, to the answer's start (see reset).
         cap = since_boundary(seq, self.MAX_MATCH, self.boundaries)
@@ -218,11 +237,16 @@ class NgramDrafter:
             cap = min(cap, len(seq) - self.answer_start)
         found = self._lookup(seq, seq, cap)
         earlier = self.memory.lookup(seq, cap) if self.memory is not None else None
+        if predicted and self.prediction is not None:
+            guess, agree = self.prediction.propose(seq, k)
+            best = max(found[0] if found else 0, earlier[0] if earlier else 0)
+            if guess and agree > best:
+                return Proposal(guess), agree, "prediction"
         if earlier is not None and (found is None or earlier[0] > found[0]):
             assert self.memory is not None
-            return Proposal(self.memory.continuation(earlier[1], k)), earlier[0], True
+            return Proposal(self.memory.continuation(earlier[1], k)), earlier[0], "memory"
         if found is None:
-            return Proposal([]), 0, False
+            return Proposal([]), 0, ""
         match_len, follow = found
         out = seq[follow : follow + k]
         # A continuation that runs into the present (a repeating answer: the match is the
@@ -235,7 +259,7 @@ class NgramDrafter:
                 break
             follow = again[1]
             out += seq[follow : follow + k - len(out)]
-        return Proposal(out), match_len, False
+        return Proposal(out), match_len, "prompt"
 
     def _lookup(self, context: list[int], seq: list[int], cap: int) -> tuple[int, int] | None:
         """(agreement length up to `cap`, follow position) for the end of `context`, longest

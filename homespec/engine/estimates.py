@@ -27,6 +27,10 @@ DECAY = 0.99  # per recorded step: acceptance evidence ages
 # free (a GPU); the steps that do not use it measure it either way (learn_unused_match).
 MATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 MATCH_PRIORS = {1: 0.4, 2: 0.6, 4: 0.65, 8: 0.75, 16: 0.85, 32: 0.9}  # the others optimistic
+# The same for proposals from a request's prediction (engine/prediction.py), kept apart: a
+# client sends one because it expects the answer to read so, and a 2-token agreement there is
+# usually the answer's first token agreeing with the prediction's (the anchor is the other).
+PREDICTED_PRIORS = {1: 0.6, 2: 0.75, 4: 0.8, 8: 0.85, 16: 0.9, 32: 0.95}
 
 
 def match_bucket(match_len: int) -> int:

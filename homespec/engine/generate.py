@@ -30,7 +30,7 @@ from homespec.engine.prompt_cache import PromptCache
 from homespec.engine.sampling import Draws, SamplingParams, pick, verify
 from homespec.engine.target import Target
 from homespec.engine.textstream import TextStream
-from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
+from homespec.engine.types import Chunk, Decision, GenerationRequest, GenerationStats
 from homespec.errors import RequestError
 from homespec.manifest import PairSpec
 from homespec.sizes import MiB
@@ -177,6 +177,7 @@ def _governed(
         max_k=k,
         model_lag=lag,
         match_len=rt.ngram.match_len,
+        predicted=rt.ngram.from_prediction,
         horizon=horizon,
         ngram_window=window,
     )
@@ -185,6 +186,8 @@ def _governed(
     if choice.option == "ngram":
         if rt.ngram.from_memory:
             choice = replace(choice, reason=choice.reason + "; matched in an earlier request")
+        elif rt.ngram.from_prediction:
+            choice = replace(choice, reason=choice.reason + "; matched in the prediction")
         return "ngram", Proposal(match[: choice.k]), choice, 0, match
     if choice.option == "model" and draft is not None:
 
@@ -204,13 +207,21 @@ def _governed(
 
 
 def _learn(
-    ledger: Ledger, task: str | None, source: str, proposal: Proposal, kept: int, match_len: int
+    ledger: Ledger,
+    task: str | None,
+    source: str,
+    proposal: Proposal,
+    kept: int,
+    match_len: int,
+    predicted: bool = False,
 ) -> None:
-    """What a verify step says about acceptance: of n-gram lookup (at `match_len`) or of the
-    draft model; a draft-model proposal finished by lookup teaches each about its own part
-    (lookup's only when every model draft before it was kept: it was not tried otherwise)."""
+    """What a verify step says about acceptance: of n-gram lookup (at `match_len`, in the
+    prediction's tables where it was `predicted`) or of the draft model; a draft-model proposal
+    finished by lookup teaches each about its own part (lookup's only when every model draft
+    before it was kept: it was not tried otherwise)."""
     if source == "ngram":
-        ledger.acceptance(task, match_len)["ngram"].record(len(proposal.tokens), kept)
+        table = ledger.acceptance(task, match_len, predicted=predicted)
+        table["ngram"].record(len(proposal.tokens), kept)
         return
     own = len(proposal.tokens) - proposal.handed_over
     ledger.acceptance(task)["model"].record(own, min(kept, own))
@@ -220,7 +231,12 @@ def _learn(
 
 
 def learn_unused_match(
-    ledger: Ledger, task: str | None, match: list[int], committed: list[int], match_len: int
+    ledger: Ledger,
+    task: str | None,
+    match: list[int],
+    committed: list[int],
+    match_len: int,
+    predicted: bool = False,
 ) -> None:
     """What lookup would have had kept, on a step that did not use its proposal (`match`,
     known before the step): as far as the step's `committed` tokens show, free evidence.
@@ -236,7 +252,21 @@ def learn_unused_match(
     agree = next((i for i in range(seen) if match[i] != committed[i]), seen)
     if seen:
         proposed = agree + 1 if agree < seen else seen
-        ledger.acceptance(task, match_len)["ngram"].record(proposed, agree)
+        ledger.acceptance(task, match_len, predicted=predicted)["ngram"].record(proposed, agree)
+
+
+def _predict(
+    rt: PairRuntime, req: GenerationRequest, decision: Decision, n_prompt: int
+) -> tuple[int, bool]:
+    """Hand the request's prediction to n-gram lookup (after its reset) where this request
+    looks up n-grams: its tokens (0: none sent), and whether it was handed over."""
+    if not req.prediction:
+        return 0, False
+    tokens = rt.target.model.tokenize(req.prediction, special=False, add_bos=False)
+    used = decision.mode == "speculative" and decision.drafter in ("auto", "ngram", "hybrid")
+    if used:
+        rt.ngram.predict(tokens, n_prompt)
+    return len(tokens), used
 
 
 def generate(
@@ -290,6 +320,7 @@ def _steps(
     n_prompt = len(history)
     # A chat's answer follows the template's role header: lookup's agreement stops there.
     rt.ngram.answer_start = n_prompt if req.messages is not None else 0
+    predicted, drafts_from_prediction = _predict(rt, req, decision, n_prompt)
     max_new = min(req.max_tokens, rt.target.n_ctx - n_prompt)
     stats = GenerationStats(
         mode=decision.mode,
@@ -299,7 +330,10 @@ def _steps(
         prompt_format=how,
         seed=seed,
         accepted_per_position=[0] * (0 if decision.drafter == "auto" else decision.draft_tokens),
+        prediction_tokens=predicted,
     )
+    if predicted and not drafts_from_prediction:
+        stats.reason += "; the prediction is not drafted from (no n-gram lookup in this mode)"
     if stats.prompt_format == PROMPT_FORMATS["transcript"]:
         LOG.warning("pair %s: %s", rt.name, stats.prompt_format)
     stats.cached_tokens = rt.recall(history)
@@ -378,16 +412,24 @@ def _steps(
         draws.forget_before(len(history) + n_kept + 1)
         if source == "ngram" and drafts:
             window = next_window(window, len(drafts), n_kept)
+        # The n-gram drafter's last lookup made this step's proposal (a hybrid's, when found)
+        from_prediction = rt.ngram.from_prediction and source in ("ngram", "hybrid")
         if drafts:
             stats.draft_steps += 1
             stats.proposed_tokens += len(drafts)
+            if from_prediction:
+                stats.accepted_prediction_tokens += n_kept
             if source in ("ngram", "model") and req.learn:
-                _learn(ledger, req.task, source, proposal, n_kept, rt.ngram.match_len)
+                ngram = rt.ngram
+                _learn(ledger, req.task, source, proposal, n_kept, ngram.match_len, from_prediction)
             if proposal.handed_over:
                 handovers += 1
         committed = [*drafts[:n_kept], following]
         if match and source != "ngram" and not proposal.handed_over and req.learn:
-            learn_unused_match(ledger, req.task, match, committed, rt.ngram.match_len)
+            ngram = rt.ngram
+            learn_unused_match(
+                ledger, req.task, match, committed, ngram.match_len, ngram.from_prediction
+            )
         emitted: list[Chunk] = []
         before = stats.completion_tokens
         for i, token in enumerate(committed):

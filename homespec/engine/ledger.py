@@ -14,6 +14,7 @@ from homespec.engine.estimates import (
     MATCH_BUCKETS,
     MATCH_PRIORS,
     MAX_K,
+    PREDICTED_PRIORS,
     PRIOR,
     PRIOR_WEIGHT,
     Acceptance,
@@ -48,7 +49,10 @@ AGREEMENT_WEIGHT = 16.0
 MAX_TASKS = 64  # task names are the client's: a bounded table
 MAX_ANSWER = 1 << 20  # tokens; a restored typical length beyond it is damage, not a length
 V = TypeVar("V")
-KNOWN_KEYS = {"model", *(f"ngram@{b}" for b in MATCH_BUCKETS)}  # Ledger.by_task's keys
+KNOWN_KEYS = {  # Ledger.by_task's keys
+    "model",
+    *(f"{kind}@{b}" for kind in ("ngram", "predicted") for b in MATCH_BUCKETS),
+}
 
 
 @dataclass
@@ -61,7 +65,8 @@ class Ledger:
     quiet: CostCurve = field(default_factory=CostCurve)  # the calibration's, never updated
     draft: CostCurve = field(default_factory=CostCurve)  # the draft model's, ms by tokens
     ngram_ms: float = 0.02
-    # by task: "model", and "ngram@B" for n-gram matches in bucket B (MATCH_BUCKETS)
+    # by task: "model", "ngram@B" for n-gram matches in bucket B (MATCH_BUCKETS), and
+    # "predicted@B" for those found in a request's prediction (engine/prediction.py)
     by_task: dict[str | None, dict[str, Acceptance]] = field(default_factory=dict)
     steps: int = 0
     current: Option = "none"
@@ -97,8 +102,11 @@ class Ledger:
         self.current = option
         self.last_used[option] = self.steps
 
-    def acceptance(self, task: str | None, match_len: int = 0) -> dict[Option, Acceptance]:
-        """The task's acceptance for the draft model and for an n-gram match this long. At
+    def acceptance(
+        self, task: str | None, match_len: int = 0, *, predicted: bool = False
+    ) -> dict[Option, Acceptance]:
+        """The task's acceptance for the draft model and for an n-gram match this long
+        (`predicted`: found in the request's prediction, which has tables of its own). At
         most MAX_TASKS tasks are kept (a client names tasks): the least recently used goes."""
         table = self.by_task.pop(task, None)
         if table is None:
@@ -107,9 +115,10 @@ class Ledger:
                 del self.by_task[next(iter(self.by_task))]
         self.by_task[task] = table  # now the most recently used
         bucket = match_bucket(match_len)
-        key = f"ngram@{bucket}"
+        key = f"{'predicted' if predicted else 'ngram'}@{bucket}"
         if key not in table:
-            table[key] = self._new(key, MATCH_PRIORS[bucket])
+            priors = PREDICTED_PRIORS if predicted else MATCH_PRIORS
+            table[key] = self._new(key, priors[bucket])
         if "model" not in table:
             table["model"] = self._new(
                 "model", self.model_prior, seed=True, weight=self.model_prior_weight
@@ -413,6 +422,7 @@ class Ledger:
         max_k: int,
         model_lag: int = 0,
         match_len: int = 0,
+        predicted: bool = False,
         horizon: int = 0,
         ngram_window: int = MAX_K,
     ) -> Inputs:
@@ -423,7 +433,7 @@ class Ledger:
             self.verify_curve(),
             self._draft_ms(curve) if curve is not None else None,
             self.ngram_ms,
-            self.acceptance(task, match_len),
+            self.acceptance(task, match_len, predicted=predicted),
             match,
             max_k,
             self.steps,

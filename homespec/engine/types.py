@@ -42,6 +42,9 @@ class GenerationRequest:
     # itself, as a server would be, not on what forced modes or warm-ups of the same prompts
     # showed it first). Costs are measured either way.
     learn: bool = True
+    # The client's guess at the answer (OpenAI's `prediction`): n-gram lookup drafts from it
+    # (engine/prediction.py); the answer is the target's whatever it says.
+    prediction: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class GenerationStats:
     accepted_per_position: list[int] = field(default_factory=list)
     threads: int = 0  # llama.cpp CPU threads at the end (0: not adapted, e.g. the fake target)
     threads_reason: str = ""  # why fewer than the pair's threads (empty: all of them)
+    prediction_tokens: int = 0  # the request's prediction, tokenized (0: none)
+    accepted_prediction_tokens: int = 0  # of those, drafted and kept in the answer
 
     @property
     def accept_rate(self) -> float | None:
