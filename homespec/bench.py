@@ -140,6 +140,7 @@ def _request(
         temperature=temperature,
         seed=0,
         task=item.task,
+        prediction=item.prediction,
         # Each mode is measured as such: speculation forced on, off for the baseline, or left
         # to the policy for "auto".
         speculative=None if mode == AUTO else mode != PLAIN,

@@ -85,7 +85,10 @@ def run_remote(
     `speculative`, `task`)."""
     messages = [{"role": m.role, "content": m.content} for m in item.messages]
     limit = min(item.max_tokens, max_tokens) if max_tokens else item.max_tokens
-    return _stream(client, remote, {**_payload(messages, limit, temperature), **(extra or {})})
+    payload = _payload(messages, limit, temperature)
+    if item.prediction:  # OpenAI's field: servers that do not draft from it ignore it
+        payload["prediction"] = {"type": "content", "content": item.prediction}
+    return _stream(client, remote, {**payload, **(extra or {})})
 
 
 def warm_up(client: httpx.Client, remote: Remote) -> None:

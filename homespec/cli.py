@@ -13,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
@@ -94,6 +94,12 @@ def cli(verbose: bool) -> None:
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--system", "system_prompt", help="A system message before the prompt.")
 @click.option("--raw", is_flag=True, help="Send PROMPT as is, without the chat template.")
+@click.option(
+    "--prediction",
+    type=click.File(encoding="utf-8"),
+    help="A file the answer should read much like (e.g. the file an edit returns): drafted "
+    "from, the answer unchanged (OpenAI's Predicted Outputs).",
+)
 @click.option("--json", "as_json", is_flag=True, help='Print {"text": ..., "stats": {...}}.')
 @click.option(
     "--explain", is_flag=True, help="Mark text that came from accepted drafts (in-process)."
@@ -117,6 +123,7 @@ def ask(
     stop: tuple[str, ...],
     system_prompt: str | None,
     raw: bool,
+    prediction: TextIO | None,
     as_json: bool,
     explain: bool,
     local: bool,
@@ -159,6 +166,7 @@ def ask(
         speculative=speculative,
         drafter=drafter,  # type: ignore[arg-type]
         draft_tokens=draft_tokens,
+        prediction=prediction.read() if prediction else None,
     )
     if not local and not explain and ask_via_daemon(url, req, pair, as_json=as_json):
         return

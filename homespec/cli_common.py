@@ -72,6 +72,8 @@ def stats_line(stats: dict[str, Any]) -> str:
             f"accepted {stats['accepted_tokens']}/{stats['proposed_tokens']} "
             f"({stats['accept_rate']:.0%})"
         )
+    if stats.get("prediction_tokens"):
+        parts.append(f"prediction {stats['accepted_prediction_tokens']} kept")
     if stats.get("queue_ms", 0) >= 10:  # a daemon's answer that waited for others
         parts.append(f"queued {stats['queue_ms']:.0f} ms")
     parts += [

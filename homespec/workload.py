@@ -1,4 +1,5 @@
-"""Benchmark workloads: JSONL, one request a line (`task`, `messages`, `max_tokens`)."""
+"""Benchmark workloads: JSONL, one request a line (`task`, `messages`, `max_tokens`, and an
+optional `prediction`: the answer as a client expects it, OpenAI's Predicted Outputs)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class _Item(BaseModel):
     task: str = Field(min_length=1)
     messages: list[_ChatMessage] = Field(min_length=1)
     max_tokens: int = Field(256, ge=1, le=32768)
+    prediction: str | None = None
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class WorkItem:
     messages: list[Message]
     max_tokens: int
     line: int
+    prediction: str | None = None
 
 
 def default_workload() -> Path:
@@ -66,6 +69,7 @@ def load_workload(path: Path) -> list[WorkItem]:
                 messages=[Message(m.role, m.content) for m in item.messages],
                 max_tokens=item.max_tokens,
                 line=n,
+                prediction=item.prediction or None,
             )
         )
     if not items:

@@ -32,6 +32,7 @@ CHAT = [Message("system", "Be brief."), Message("user", "Name a fruit.")]
             speculative=False,
             drafter="ngram",
             draft_tokens=12,
+            prediction="An apple.",
         ),
         GenerationRequest(messages=CHAT, speculative=True, drafter="model"),
         GenerationRequest(prompt="1, 2, 3,", max_tokens=8, speculative=None),

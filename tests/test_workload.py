@@ -3,6 +3,7 @@ scripts/workloads/ that README's "Where auto still falls short" was measured on.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,29 @@ def test_a_workload_with_a_bad_role_names_its_line(tmp_path: Path) -> None:
     path.write_text(f"{good}\n\n{bad}\n")
     with pytest.raises(ConfigError, match=r"w\.jsonl:3: messages\.0\.role"):
         load_workload(path)
+
+
+def test_a_workload_line_may_carry_a_prediction_the_bench_sends(tmp_path: Path) -> None:
+    """In-process as the request's prediction; to another server as OpenAI's field."""
+    import httpx
+
+    from homespec.bench import _request
+    from homespec.bench_remote import Remote, run_remote
+
+    path = tmp_path / "w.jsonl"
+    ask = '"task": "t", "messages": [{"role": "user", "content": "hi"}]'
+    path.write_text(f'{{{ask}, "prediction": "Hello!"}}\n{{{ask}}}\n')
+    guessed, plain = load_workload(path)
+    assert guessed.prediction == "Hello!" and plain.prediction is None
+    assert _request(guessed, "auto", 0.0, None, remember=False).prediction == "Hello!"
+    sent: list[dict[str, object]] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, text="data: [DONE]\n\n")
+
+    with httpx.Client(transport=httpx.MockTransport(server)) as client:
+        for item in (guessed, plain):
+            run_remote(client, Remote("x", "http://x.test"), item, temperature=0, max_tokens=4)
+    assert sent[0]["prediction"] == {"type": "content", "content": "Hello!"}
+    assert "prediction" not in sent[1]

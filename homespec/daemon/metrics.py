@@ -22,7 +22,9 @@ class Metrics:
         )
         self.tokens = Counter(
             "homespec_tokens",
-            "Prompt and completion tokens (prompt_cached: prompt tokens a cache held)",
+            "Prompt and completion tokens (prompt_cached: prompt tokens a cache held; "
+            "prediction, prediction_accepted: a request's prediction, and those of its tokens "
+            "drafted and kept)",
             ["pair", "kind"],
             registry=r,
         )
@@ -133,6 +135,8 @@ class Metrics:
         self.tokens.labels(pair, "prompt").inc(stats.prompt_tokens)
         self.tokens.labels(pair, "prompt_cached").inc(stats.cached_tokens)
         self.tokens.labels(pair, "completion").inc(stats.completion_tokens)
+        self.tokens.labels(pair, "prediction").inc(stats.prediction_tokens)
+        self.tokens.labels(pair, "prediction_accepted").inc(stats.accepted_prediction_tokens)
         self.proposed.labels(pair).inc(stats.proposed_tokens)
         self.accepted.labels(pair).inc(stats.accepted_tokens)
         for i, n in enumerate(stats.accepted_per_position):

@@ -8,8 +8,10 @@ penalty, ...) are ignored. So are the sampling extensions other local servers ta
 `grammar`, `mirostat`, `repeat_penalty`, vLLM's `guided_json`, ...: `EXTENSIONS`) unless they
 ask for nothing: a client moved over from one of them keeps its settings, and an answer made
 without them must not pass for one made with them. Honoured beyond OpenAI's own: `top_k`,
-`min_p`, and llama.cpp's `n_predict` (its name for max_tokens). The extras homespec adds:
-`speculative` (true | false | "auto"), `task`, `draft_tokens`, `drafter`.
+`min_p`, and llama.cpp's `n_predict` (its name for max_tokens). `prediction` (OpenAI's
+Predicted Outputs: the answer as the client expects it) is drafted from, on completions too,
+and usage reports how much of it was kept. The extras homespec adds: `speculative` (true |
+false | "auto"), `task`, `draft_tokens`, `drafter`.
 """
 
 from __future__ import annotations
@@ -99,6 +101,29 @@ class ChatMessage(BaseModel):
         return "".join(p.text for p in self.content)
 
 
+class PredictedContent(BaseModel):
+    """OpenAI's `prediction`: text the answer is expected to read like, to draft from."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["content"]
+    content: str | list[ContentPart]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _content_only(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("type") != "content":
+            raise ValueError(
+                f"prediction type {data.get('type')!r} is not supported: send "
+                '{"type": "content", "content": "the answer you expect"}'
+            )
+        return data
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
 def _bad_text(value: Any, where: str) -> str | None:
     """The first string inside `value` that holds a NUL or a lone surrogate, described by its
     path (`messages[0].content`). llama.cpp's tokenizer stops at a NUL, and a lone surrogate is
@@ -156,7 +181,8 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     n: int = Field(1, ge=1, le=1, description="homespec answers one choice per request")
-    logprobs: bool | None = None
+    logprobs: bool | int | None = None  # chat: a flag; completions: how many (refused either way)
+    prediction: PredictedContent | None = None
     tools: list[Any] | None = None
     # Fields that would change the answer and that homespec does not implement: refused by
     # name unless they ask for nothing (a zero penalty, an empty bias, plain text).
@@ -234,6 +260,7 @@ class _Common(BaseModel):
             speculative=spec,
             drafter=self.drafter,
             draft_tokens=self.draft_tokens,
+            prediction=(self.prediction.text() if self.prediction else "") or None,
             **kw,
         )
 
@@ -301,6 +328,7 @@ def request_payload(req: GenerationRequest, pair: str | None) -> tuple[str, dict
         "speculative": "auto" if req.speculative is None else req.speculative,
         "drafter": req.drafter,
         "draft_tokens": req.draft_tokens,
+        "prediction": {"type": "content", "content": req.prediction} if req.prediction else None,
     }
     payload = {k: v for k, v in payload.items() if v is not None}
     if req.messages is not None:
@@ -318,12 +346,19 @@ def error_body(
 
 def usage(stats: GenerationStats) -> dict[str, Any]:
     """OpenAI's usage object; cached_tokens: the prompt's tokens the pair's cache already held
-    (a conversation's earlier turns, or one put aside and brought back: not evaluated again)."""
+    (a conversation's earlier turns, or one put aside and brought back: not evaluated again);
+    accepted_prediction_tokens: the prediction's tokens drafted and kept in the answer,
+    rejected_prediction_tokens: the rest of the prediction's."""
+    accepted = stats.accepted_prediction_tokens
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": max(0, stats.prediction_tokens - accepted),
+        },
     }
 
 
