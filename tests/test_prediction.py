@@ -131,6 +131,17 @@ def test_a_mode_without_lookup_says_the_prediction_went_unused(
     assert s.prediction_tokens == len(ALPHABET) and s.accepted_prediction_tokens == 0
 
 
+def test_a_prediction_longer_than_the_answer_could_use_is_cut_and_says_so() -> None:
+    """Read up to twice the answer's room (and 64 tokens): indexing it costs time the
+    request waits, and an answer cannot use much more of its prediction than it is long."""
+    req = GenerationRequest(prompt="x", max_tokens=30, prediction=ALPHABET * 3, task="t")
+    text, s = run(runtime(), req)
+    assert text == ALPHABET[:30] and s.prediction_tokens == 3 * len(ALPHABET)
+    assert "the prediction's first 124 of 180 tokens drafted from" in s.reason
+    _, s = run(runtime(), dataclasses.replace(req, max_tokens=60))
+    assert "prediction" not in s.reason.replace("matched in the prediction", "")
+
+
 def test_a_sampled_answer_is_plains_with_a_prediction() -> None:
     hot_ok = PairSpec(target="t", draft="d", draft_tokens=6, spec_max_temperature=2.0)
     rt = dataclasses.replace(runtime(), spec=hot_ok)
