@@ -2,6 +2,10 @@
 """What a client's prediction (OpenAI's Predicted Outputs) is worth, in one run, in-process.
 
     .venv/bin/python scripts/prediction_bench.py [--pair NAME] [--repeat 2] [--json OUT.json]
+    .venv/bin/python scripts/prediction_bench.py --workload-out predicted.jsonl
+
+The second writes the same requests, predictions included, as a workload for `homespec bench
+--workload` and scripts/llama_server_compare.sh (which send other servers OpenAI's field).
 
 Two ways clients send one, on the shipped workload's prompts:
 - edit: a code edit ("rename this function and return the whole file") with the file as the
@@ -99,12 +103,26 @@ def main() -> int:
     ap.add_argument("--pair", default=None)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None, help="write every run here")
+    ap.add_argument("--workload-out", type=Path, default=None, help="write the requests; no runs")
     args = ap.parse_args()
     runs: list[dict[str, Any]] = []
     with load_pair(load_manifest(args.config), args.pair) as loaded:
         rt = loaded.runtime
         calibrate(rt)
         todo = cases(rt)
+        if args.workload_out:
+            lines = [
+                {
+                    "task": c.task,
+                    "messages": [{"role": m.role, "content": m.content} for m in c.messages],
+                    "max_tokens": c.max_tokens,
+                    "prediction": c.prediction,
+                }
+                for c in todo
+            ]
+            args.workload_out.write_text("".join(json.dumps(x) + "\n" for x in lines))
+            print(f"{args.workload_out}: {len(lines)} requests")
+            return 0
         answer(rt, todo[0], "plain")  # warm-up: the first request's costs hit no measured run
         t0 = time.perf_counter()
         for rep in range(args.repeat):
