@@ -37,7 +37,7 @@ from homespec.bench_remote import WARM_UP, Remote, run_remote, warm_up
 from homespec.bench_standing import standings
 from homespec.engine.calibration import calibrate
 from homespec.engine.chat_text import chat_tokens
-from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.generate import PairRuntime, complete
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.errors import ConfigError
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
@@ -164,15 +164,7 @@ def _another_chat(rt: PairRuntime) -> None:
 
 def _run_one(rt: PairRuntime, req: GenerationRequest) -> tuple[str, GenerationStats]:
     _another_chat(rt)
-    parts: list[str] = []
-    stats: GenerationStats | None = None
-    for out in generate(rt, req):
-        if isinstance(out, GenerationStats):
-            stats = out
-        else:
-            parts.append(out.text)
-    assert stats is not None
-    return "".join(parts), stats
+    return complete(rt, req)
 
 
 def warm_up_modes(rt: PairRuntime, item: WorkItem, modes: list[str], temperature: float) -> None:

@@ -36,7 +36,7 @@ import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before 
 
 # isort: split
 from homespec.engine.calibration import calibrate
-from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.generate import PairRuntime, complete
 from homespec.engine.loader import load_pair
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import load_manifest
@@ -87,14 +87,7 @@ def answer(rt: PairRuntime, case: Case, mode: str) -> tuple[str, GenerationStats
         prediction=case.prediction if mode == "auto+prediction" else None,
         remember=False,
     )
-    text, stats = [], None
-    for item in generate(rt, req):
-        if isinstance(item, GenerationStats):
-            stats = item
-        else:
-            text.append(item.text)
-    assert stats is not None
-    return "".join(text), stats
+    return complete(rt, req)
 
 
 def main() -> int:

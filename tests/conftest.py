@@ -14,7 +14,7 @@ from openai import OpenAI
 from homespec.engine.loader import LoadedPair, load_pair
 from homespec.manifest import Manifest, load_manifest
 
-from .daemon_process import Daemon
+from .daemon_process import Daemon, fake_daemon
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_MANIFEST = REPO / "models.toml"
@@ -115,6 +115,15 @@ def repack_crash_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = REPO / "tests" / "native" / "repack_crash.c"
     subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(src), "-ldl"], check=True)
     return out
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon serving the pair smollm2 on the scripted fake target, one per test module that
+    uses it (a module that needs another daemon defines its own `daemon`)."""
+    d = fake_daemon(tmp_path_factory.mktemp("daemon"), "--pair", "smollm2")
+    yield d
+    d.stop()
 
 
 @pytest.fixture()

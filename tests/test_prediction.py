@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,16 @@ from pydantic import ValidationError
 
 from homespec.cli import cli
 from homespec.daemon.openai_api import ChatCompletionRequest, CompletionRequest, usage
-from homespec.engine.drafters import NgramDrafter
+from homespec.engine.drafters import ModelDrafter, NgramDrafter
+from homespec.engine.generate import PairRuntime
 from homespec.engine.ledger import Ledger
 from homespec.engine.prediction import Prediction
 from homespec.engine.sampling import Draws, SamplingParams
 from homespec.engine.types import GenerationRequest, GenerationStats
 from homespec.manifest import PairSpec
 
-from .daemon_process import Daemon, fake_daemon, read_log, user
+from .daemon_process import Daemon, read_log, user
+from .fake_target import FakeTarget
 from .test_verify import run, runtime
 
 PROMPT = [900, 901, 902]  # what precedes the answer in the histories below
@@ -77,18 +78,29 @@ def test_the_drafter_takes_the_prediction_where_it_agrees_longer_and_the_prompt_
 ALPHABET = "yz abcdefghijklmnopqrstuvwxyz abcdefghijklmnopqrstuvwxyz abc"  # after "x", the fake's
 
 
+def governed() -> PairRuntime:
+    """A fake pair whose costs the governor reads the same under any load: every decode sleeps
+    2 ms whatever its size (a flat curve, as on a GPU), and the draft model costs as much as
+    the target (never worth drafting with). Costs of a few microseconds, as the fake's are
+    by default, were noise: on a busy box the governor chose plain steps over a prediction."""
+    spec = PairSpec(target="t", draft="d", draft_tokens=6)
+    draft = ModelDrafter(FakeTarget(decode_s=0.002))
+    return PairRuntime("p", spec, FakeTarget(decode_s=0.002), draft, NgramDrafter())
+
+
 @pytest.mark.parametrize("drafter", ["ngram", "hybrid", None])
 def test_a_right_prediction_is_drafted_and_the_answer_stays_plains(drafter: str | None) -> None:
     """The fake continues a raw prompt with the alphabet: nothing in the prompt repeats it for
     27 tokens, so without a prediction lookup has nothing to draft the first lap from."""
-    rt = runtime()
+    rt = governed()
     req = GenerationRequest(prompt="x", max_tokens=50, speculative=False)
     plain_text, plain = run(rt, req)
     ask = dataclasses.replace(req, speculative=True if drafter else None, drafter=drafter)  # type: ignore[arg-type]
     text, s = run(rt, dataclasses.replace(ask, prediction=ALPHABET))
     assert text == plain_text and s.completion_tokens == plain.completion_tokens
     assert s.prediction_tokens == len(ALPHABET)  # the fake's tokens are bytes
-    assert s.accepted_prediction_tokens >= 35 and s.verify_steps <= 12
+    # forced lookup drafts 6 a step; the governor, pricing by timings, often fewer
+    assert s.accepted_prediction_tokens >= 25 and s.verify_steps <= plain.verify_steps / 2
     assert s.accepted_prediction_tokens <= s.accepted_tokens
     if drafter is None:
         assert "matched in the prediction" in s.reason
@@ -104,18 +116,31 @@ def test_a_prediction_that_departs_from_the_answer_is_found_again_after_the_chan
 
 
 @pytest.mark.parametrize("prediction", ["qwerty uiop", "zzzzzzzzzzzzzzzzzzzz"])
-def test_a_wrong_prediction_costs_no_steps_and_is_counted_rejected(prediction: str) -> None:
-    """Two fresh pairs, one sent a wrong prediction: the same answer in as many steps, within
-    the one or two a failed guess at the start may cost."""
-    req = GenerationRequest(prompt="x", max_tokens=50, task="t")
+def test_a_prediction_that_never_agrees_proposes_nothing_and_is_counted_rejected(
+    prediction: str,
+) -> None:
+    """Forced lookup (the same steps every run): the same answer in the same steps as without."""
+    req = GenerationRequest(prompt="x", max_tokens=50, speculative=True, drafter="ngram")
     text, without = run(runtime(), req)
     guessed, s = run(runtime(), dataclasses.replace(req, prediction=prediction))
-    assert guessed == text and s.verify_steps <= without.verify_steps + 2
+    assert guessed == text and s.verify_steps == without.verify_steps
     assert s.accepted_prediction_tokens == 0 and s.prediction_tokens == len(prediction)
     assert usage(s)["completion_tokens_details"] == {
         "accepted_prediction_tokens": 0,
         "rejected_prediction_tokens": len(prediction),
     }
+
+
+def test_a_misleading_prediction_teaches_its_own_tables_not_the_prompts() -> None:
+    """Every 2-gram of the alphabet it holds is followed by the wrong letter: the governor
+    learns so in the prediction's tables (the prompt's keep their own)."""
+    rt = governed()
+    misleading = "abX cdX efX ghX ijX klX mnX opX qrX stX uvX wxX"
+    req = GenerationRequest(prompt="x", max_tokens=50, task="t")
+    text, _ = run(rt, req)
+    assert run(rt, dataclasses.replace(req, prediction=misleading))[0] == text
+    table = rt.ledger.by_task["t"]["predicted@2"]
+    assert table.tries[0] > 0 and table.kept[0] == 0
 
 
 @pytest.mark.parametrize(
@@ -135,16 +160,16 @@ def test_a_prediction_longer_than_the_answer_could_use_is_cut_and_says_so() -> N
     """Read up to twice the answer's room (and 64 tokens): indexing it costs time the
     request waits, and an answer cannot use much more of its prediction than it is long."""
     req = GenerationRequest(prompt="x", max_tokens=30, prediction=ALPHABET * 3, task="t")
-    text, s = run(runtime(), req)
+    text, s = run(governed(), req)
     assert text == ALPHABET[:30] and s.prediction_tokens == 3 * len(ALPHABET)
     assert "the prediction's first 124 of 180 tokens drafted from" in s.reason
-    _, s = run(runtime(), dataclasses.replace(req, max_tokens=60))
+    _, s = run(governed(), dataclasses.replace(req, max_tokens=60))
     assert "prediction" not in s.reason.replace("matched in the prediction", "")
 
 
 def test_a_sampled_answer_is_plains_with_a_prediction() -> None:
     hot_ok = PairSpec(target="t", draft="d", draft_tokens=6, spec_max_temperature=2.0)
-    rt = dataclasses.replace(runtime(), spec=hot_ok)
+    rt = dataclasses.replace(governed(), spec=hot_ok)
     req = GenerationRequest(prompt="x", max_tokens=40, temperature=1.5, seed=11)
     plain_text, _ = run(rt, dataclasses.replace(req, speculative=False))
     assert plain_text != ALPHABET[:40]  # hot enough to stray from the script
@@ -204,13 +229,6 @@ def test_a_prediction_homespec_cannot_read_is_refused_by_name(
         CompletionRequest.model_validate({"prompt": "x", **body})
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = fake_daemon(tmp_path_factory.mktemp("daemon"), "--pair", "smollm2")
-    yield d
-    d.stop()
-
-
 def test_a_daemon_client_sees_how_much_of_its_prediction_was_kept(
     sdk: OpenAI, daemon: Daemon
 ) -> None:
@@ -226,7 +244,7 @@ def test_a_daemon_client_sees_how_much_of_its_prediction_was_kept(
     )
     assert got.choices[0].message.content == (said * 2)[:60]
     details = got.usage.completion_tokens_details
-    assert details.accepted_prediction_tokens >= 40
+    assert details.accepted_prediction_tokens >= 20  # of 60: the governor picks its steps
     assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == 2 * len(said)
     extra = got.model_dump()["homespec"]
     assert extra["accepted_prediction_tokens"] == details.accepted_prediction_tokens
@@ -255,7 +273,7 @@ def test_ask_sends_a_prediction_file_to_the_daemon(daemon: Daemon, tmp_path: Pat
     assert r.exit_code == 0, r.output
     payload = json.loads(r.stdout)
     assert payload["via"] == daemon.url and payload["text"] == (said * 2)[:40]
-    assert payload["stats"]["accepted_prediction_tokens"] >= 20
+    assert payload["stats"]["accepted_prediction_tokens"] >= 10
     r = CliRunner().invoke(cli, [*args, "--prediction", str(guess)])
     assert "prediction " in r.stderr and " kept" in r.stderr
     r = CliRunner().invoke(cli, [*args, "--prediction", str(tmp_path / "none.txt")])

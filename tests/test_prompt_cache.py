@@ -6,10 +6,7 @@ in tests/test_engine.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -20,7 +17,7 @@ from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec
 from homespec.sizes import GiB
 
-from .daemon_process import Daemon, fake_daemon, read_log, user
+from .daemon_process import Daemon, read_log, user
 from .fake_target import FakeTarget
 from .test_verify import run
 
@@ -169,13 +166,6 @@ def test_a_conversation_comes_back_after_another_took_the_cache() -> None:
     assert back.cached_tokens == first.prompt_tokens - 1
     _, _, cold = _conversation(0)
     assert cold.cached_tokens < 10  # the same turn with prompt_cache_mb = 0
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = fake_daemon(tmp_path_factory.mktemp("daemon"), "--pair", "smollm2")
-    yield d
-    d.stop()
 
 
 def test_a_conversation_put_aside_is_reported_cached_when_it_comes_back(

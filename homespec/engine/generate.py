@@ -288,6 +288,19 @@ def generate(
             yield from item
 
 
+def complete(rt: PairRuntime, req: GenerationRequest) -> tuple[str, GenerationStats]:
+    """The whole answer and its stats, for a caller that does not stream (the bench)."""
+    parts: list[str] = []
+    stats: GenerationStats | None = None
+    for out in generate(rt, req):
+        if isinstance(out, GenerationStats):
+            stats = out
+        else:
+            parts.append(out.text)
+    assert stats is not None  # generate's last item
+    return "".join(parts), stats
+
+
 def generate_steps(
     rt: PairRuntime, req: GenerationRequest
 ) -> Generator[list[Chunk] | GenerationStats, None, None]:
