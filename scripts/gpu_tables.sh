@@ -11,8 +11,9 @@
 # Writes gpu.txt (the card), doctor.txt (the measured decode costs: is the curve flat?),
 # compare.txt (the table, and under it auto against plain, the best forced mode and the best
 # llama-server configuration per task), the servers' logs and step_overhead.txt (homespec's
-# own µs per step outside llama_decode: at 700+ tok/s a millisecond matters) and
-# conversations.txt (chats taking turns with the prompt cache on and off) into $OUT (the
+# own µs per step outside llama_decode: at 700+ tok/s a millisecond matters),
+# conversations.txt (chats taking turns with the prompt cache on and off) and prediction.txt
+# (what a client's prediction is worth: scripts/prediction_bench.py) into $OUT (the
 # device tool's folder; ./gpu-tables elsewhere), and prints the tables. About 5 minutes on one
 # H100 once llama.cpp is built (2 on a 2-core CPU for --task short).
 #
@@ -65,4 +66,8 @@ say "conversations put aside on the card (conversations.py: the prompt cache cop
 "$PY" scripts/conversations.py --cache-mb 256,0 --conversations 2 --turns 2 \
   --json "$DEST/conversations.json" 2>"$DEST/conversations.log" | tee "$DEST/conversations.txt" \
   || say "conversations.py failed: see $DEST/conversations.log"
-say "wrote $DEST: gpu.txt doctor.txt compare.txt compare.log step_overhead.txt conversations.txt"
+say "a client's prediction on the card (prediction_bench.py: regenerated answers and edits)"
+"$PY" scripts/prediction_bench.py --repeat 1 --json "$DEST/prediction.json" \
+  2>"$DEST/prediction.log" | tee "$DEST/prediction.txt" \
+  || say "prediction_bench.py failed: see $DEST/prediction.log"
+say "wrote $DEST: gpu.txt doctor.txt compare.txt compare.log step_overhead.txt conversations.txt prediction.txt"
