@@ -57,7 +57,11 @@ class RecordingDrafter:
         self.history: list[int] = []
 
     # What the loop reads from the pair's n-gram drafter, for a drafter standing in for it.
-    NGRAM_DEFAULTS: ClassVar[dict[str, object]] = {"match_len": 0, "from_memory": False}
+    NGRAM_DEFAULTS: ClassVar[dict[str, object]] = {
+        "match_len": 0,
+        "from_memory": False,
+        "from_prediction": False,
+    }
 
     def __getattr__(self, name: str) -> object:
         """The rest (an n-gram drafter's match_len, a draft model's ctx) is the wrapped
@@ -456,7 +460,11 @@ def test_a_prediction_speeds_the_answer_it_predicts_and_changes_none(demo_pair: 
     from, far fewer target decodes make the same answer; a prediction with a line changed is
     found again after the change; a sampled answer with its seed is plain decoding's."""
     rt = demo_pair.runtime
-    kw: dict[str, Any] = {"messages": chat(PROMPTS[0]), "max_tokens": 80, "remember": False}
+    # A question no other test asks: the n-gram memory holds other tests' answers, and an
+    # answer remembered from the same question agrees as far back as any prediction (so the
+    # memory's place is taken, drafting the same tokens: none counted from the prediction).
+    ask = chat("Write a bash function that prints the five largest files in a directory.")
+    kw: dict[str, Any] = {"messages": ask, "max_tokens": 80, "remember": False}
     plain, p, _ = run(rt, speculative=False, **kw)
     text, s, _ = run(rt, prediction=plain, **kw)
     assert text == plain

@@ -75,6 +75,20 @@ def test_the_drafter_takes_the_prediction_where_it_agrees_longer_and_the_prompt_
     assert d.prediction is None
 
 
+def test_an_answer_that_followed_the_prediction_from_the_start_goes_on_with_it_past_32() -> None:
+    """Four laps of a refrain, then something else: the answer's own lookup agrees for 32
+    tokens too (the cap) and would propose a fifth lap; the prediction knows what comes next."""
+    refrain, then = list(range(10, 20)), [70, 71, 72]
+    d = NgramDrafter()
+    d.predict([*refrain * 4, *then], answer_start=len(PROMPT))
+    history = [*PROMPT, *refrain * 4]
+    assert d.propose(history, 3, GREEDY, Draws(0)).tokens == then
+    assert d.from_prediction and d.match_len == 33  # one past any other source's agreement
+    d.reset()
+    d.predict([*refrain * 3, 5, *refrain, *then], answer_start=len(PROMPT))  # not from the start
+    assert d.propose(history, 3, GREEDY, Draws(0)).tokens == refrain[:3]  # the answer agrees longer
+
+
 ALPHABET = "yz abcdefghijklmnopqrstuvwxyz abcdefghijklmnopqrstuvwxyz abc"  # after "x", the fake's
 
 
