@@ -65,10 +65,20 @@ class ContentPart(BaseModel):
     text: str
 
 
-class ChatMessage(BaseModel):
+class _Text(BaseModel):
+    """A `content` that is a string or a list of text parts (OpenAI's two spellings)."""
+
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatMessage(_Text):
+    role: Literal["system", "developer", "user", "assistant"]
 
     @model_validator(mode="before")
     @classmethod
@@ -95,18 +105,11 @@ class ChatMessage(BaseModel):
                     )
         return data
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
 
-
-class PredictedContent(BaseModel):
+class PredictedContent(_Text):
     """OpenAI's `prediction`: text the answer is expected to read like, to draft from."""
 
-    model_config = ConfigDict(extra="ignore")
     type: Literal["content"]
-    content: str | list[ContentPart]
 
     @model_validator(mode="before")
     @classmethod
@@ -117,11 +120,6 @@ class PredictedContent(BaseModel):
                 '{"type": "content", "content": "the answer you expect"}'
             )
         return data
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
 
 
 def _bad_text(value: Any, where: str) -> str | None:
