@@ -107,6 +107,8 @@ class ReportRow:
     accept_rate: float | None
     speculative_share: float
     cached_share: float | None = None  # of the prompt tokens, those a cache held
+    # of the answer tokens of requests that sent a prediction, those drafted from it and kept
+    predicted_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -123,6 +125,9 @@ def _row(key: str, recs: list[dict[str, Any]]) -> ReportRow:
     spec = sum(1 for r in ok if r.get("mode") == "speculative")
     prompt = sum(int(r.get("prompt_tokens") or 0) for r in ok)
     cached = sum(int(r.get("cached_tokens") or 0) for r in ok)  # none in older logs
+    guessed = [r for r in ok if r.get("prediction_tokens")]
+    from_guess = sum(int(r.get("accepted_prediction_tokens") or 0) for r in guessed)
+    guessed_answers = sum(int(r.get("completion_tokens") or 0) for r in guessed)
     return ReportRow(
         key=key,
         requests=len(recs),
@@ -136,6 +141,7 @@ def _row(key: str, recs: list[dict[str, Any]]) -> ReportRow:
         accept_rate=accepted / proposed if proposed else None,
         speculative_share=spec / len(ok) if ok else 0.0,
         cached_share=cached / prompt if prompt else None,
+        predicted_share=from_guess / guessed_answers if guessed_answers else None,
     )
 
 
@@ -184,14 +190,15 @@ def render(rows: list[ReportRow], by: str) -> Iterator[str]:
 
     yield (
         f"{by:<14} {'reqs':>5} {'err':>4} {'ttft p50':>9} {'p95':>6} {'e2e p50':>8} {'p95':>6} "
-        f"{'queue p95':>9} {'tok/s':>6} {'accept':>7} {'spec':>5} {'cached':>6}"
+        f"{'queue p95':>9} {'tok/s':>6} {'accept':>7} {'spec':>5} {'cached':>6} {'predicted':>9}"
     )
     for r in rows:
         accept = "—" if r.accept_rate is None else f"{r.accept_rate:.0%}"
         tps = "—" if r.tokens_per_s is None else f"{r.tokens_per_s:.1f}"
         cached = "—" if r.cached_share is None else f"{r.cached_share:.0%}"
+        predicted = "—" if r.predicted_share is None else f"{r.predicted_share:.0%}"
         yield (
             f"{r.key:<14} {r.requests:>5} {r.errors:>4} {ms(r.ttft_p50):>9} {ms(r.ttft_p95):>6} "
             f"{ms(r.e2e_p50):>8} {ms(r.e2e_p95):>6} {ms(r.queue_p95):>9} {tps:>6} {accept:>7} "
-            f"{r.speculative_share:>5.0%} {cached:>6}"
+            f"{r.speculative_share:>5.0%} {cached:>6} {predicted:>9}"
         )

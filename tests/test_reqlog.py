@@ -93,7 +93,22 @@ def test_report_shows_the_share_of_prompt_tokens_a_cache_held() -> None:
     (row,), _ = report([*cached, old], since_s=3600, by="pair", now=NOW)
     assert row.cached_share == pytest.approx(225 / 400)
     header, line = render([row], "pair")
-    assert header.split()[-1] == "cached" and line.split()[-1] == "56%"
+    assert header.split()[-2] == "cached" and line.split()[-2] == "56%"
+
+
+def test_report_shows_the_share_of_predicted_answers_drafted_from_their_prediction() -> None:
+    guessed = rec(NOW - 1) | {
+        "completion_tokens": 80,
+        "prediction_tokens": 90,
+        "accepted_prediction_tokens": 60,
+    }
+    unguessed = rec(NOW - 2) | {"completion_tokens": 100}  # sent none: not in the share
+    (row,), _ = report([guessed, unguessed], since_s=3600, by="pair", now=NOW)
+    assert row.predicted_share == pytest.approx(60 / 80)
+    header, line = render([row], "pair")
+    assert header.split()[-1] == "predicted" and line.split()[-1] == "75%"
+    (row,), _ = report([unguessed], since_s=3600, by="pair", now=NOW)
+    assert row.predicted_share is None and list(render([row], "pair"))[1].split()[-1] == "—"
 
 
 def test_window_and_grouping_by_task() -> None:
