@@ -76,6 +76,19 @@ class _Text(BaseModel):
             return self.content
         return "".join(p.text for p in self.content)
 
+    @staticmethod
+    def check_parts(parts: Any) -> None:
+        """A list of parts that are not all text, said plainly: the generic union error for an
+        image part listed three mismatches and not the one that mattered."""
+        if isinstance(parts, list):
+            for i, part in enumerate(parts):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(
+                        f"content[{i}] has type {kind!r}: only text parts are supported "
+                        "(the models read text only)"
+                    )
+
 
 class ChatMessage(_Text):
     role: Literal["system", "developer", "user", "assistant"]
@@ -83,8 +96,7 @@ class ChatMessage(_Text):
     @model_validator(mode="before")
     @classmethod
     def _text_only(cls, data: Any) -> Any:
-        """What a text-only server cannot take, said plainly: the generic union error for an
-        image part listed three mismatches and not the one that mattered."""
+        """What a text-only server cannot take, said plainly."""
         if not isinstance(data, dict):
             return data
         if data.get("role") in ("tool", "function") or data.get("tool_calls"):
@@ -95,14 +107,7 @@ class ChatMessage(_Text):
         parts = data.get("content")
         if parts is None:
             raise ValueError("content is missing or null: send the message's text")
-        if isinstance(parts, list):
-            for i, part in enumerate(parts):
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind != "text":
-                    raise ValueError(
-                        f"content[{i}] has type {kind!r}: only text parts are supported "
-                        "(the models read text only)"
-                    )
+        cls.check_parts(parts)
         return data
 
 
@@ -114,11 +119,12 @@ class PredictedContent(_Text):
     @model_validator(mode="before")
     @classmethod
     def _content_only(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("type") != "content":
-            raise ValueError(
-                f"prediction type {data.get('type')!r} is not supported: send "
-                '{"type": "content", "content": "the answer you expect"}'
-            )
+        shape = '{"type": "content", "content": "the answer you expect"}'
+        if not isinstance(data, dict):
+            raise ValueError(f"prediction must be an object: send {shape}")
+        if data.get("type") != "content":
+            raise ValueError(f"prediction type {data.get('type')!r} is not supported: send {shape}")
+        cls.check_parts(data.get("content"))
         return data
 
 
