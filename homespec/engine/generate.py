@@ -440,15 +440,14 @@ def _steps(
             if from_prediction:
                 stats.accepted_prediction_tokens += n_kept
             if source in ("ngram", "model") and req.learn:
-                ngram = rt.ngram
-                _learn(ledger, req.task, source, proposal, n_kept, ngram.match_len, from_prediction)
+                match_len = rt.ngram.match_len
+                _learn(ledger, req.task, source, proposal, n_kept, match_len, from_prediction)
             if proposal.handed_over:
                 handovers += 1
         committed = [*drafts[:n_kept], following]
         if match and source != "ngram" and not proposal.handed_over and req.learn:
-            ngram = rt.ngram
             learn_unused_match(
-                ledger, req.task, match, committed, ngram.match_len, ngram.from_prediction
+                ledger, req.task, match, committed, rt.ngram.match_len, rt.ngram.from_prediction
             )
         emitted: list[Chunk] = []
         before = stats.completion_tokens

@@ -96,8 +96,12 @@ class Prediction:
             at = bisect.bisect_left(places, expect)
             tried = places[max(0, at - 1) : at + self.CANDIDATES]
             # Longest agreement first; among equals, the place nearest where the answer would be
-            follow = max(tried, key=lambda f: (self._agreement(history, f, n), -abs(f - expect)))
+            # (of two as near, the earlier)
+            agree, _, follow = max(
+                (self._agreement(history, f, n), -abs(f - expect), -f) for f in tried
+            )
+            follow = -follow
             self.cursor, self._then = follow, size
             out = self.tokens[follow : follow + k]
-            return (out, self._agreement(history, follow, n)) if out else ([], 0)
+            return (out, agree) if out else ([], 0)
         return [], 0
