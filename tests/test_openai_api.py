@@ -149,6 +149,12 @@ def test_completion_fields_that_ask_for_nothing_are_accepted() -> None:
         ({"min_p": 1.5}, "min_p"),
         ({"n_predict": 0}, "n_predict 0"),
         ({"n_predict": 5, "max_tokens": 6}, "disagree"),
+        # OpenAI's own, for what homespec does not do
+        ({"modalities": ["text", "audio"]}, 'modalities=["text", "audio"]'),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio="),
+        ({"web_search_options": {}}, "web_search_options={}"),
+        ({"reasoning_effort": "low"}, 'reasoning_effort="low"'),
+        ({"verbosity": "high"}, 'verbosity="high"'),
     ],
 )
 def test_other_servers_sampling_fields_are_refused_by_name_unless_they_ask_for_nothing(
@@ -182,6 +188,11 @@ def test_fields_that_ask_for_nothing_are_accepted() -> None:
             response_format={"type": "text"},
             tool_choice="none",
             metadata={"k": "v"},
+            modalities=["text"],
+            audio=None,
+            reasoning_effort=None,
+            store=False,
+            service_tier="auto",
             # llama-server's own defaults for its samplers that are off
             repeat_penalty=1.0,
             mirostat=0,

@@ -2,12 +2,13 @@
 
 Only what homespec can honour is accepted; OpenAI fields it cannot honour in a way that would
 change the answer (n > 1, tools, logprobs, penalties, logit_bias, a response_format other than
-text, image parts; for completions echo, suffix, best_of > 1, token-id prompts) are refused
-with a 400 that names them, and fields that cannot change the answer (user, metadata, a zero
-penalty, ...) are ignored. So are the sampling extensions other local servers take (llama.cpp's
-`grammar`, `mirostat`, `repeat_penalty`, vLLM's `guided_json`, ...: `EXTENSIONS`) unless they
-ask for nothing: a client moved over from one of them keeps its settings, and an answer made
-without them must not pass for one made with them. Honoured beyond OpenAI's own: `top_k`,
+text, image parts; audio, web search, reasoning effort, verbosity: `OPENAI_ELSEWHERE`; for
+completions echo, suffix, best_of > 1, token-id prompts) are refused with a 400 that names
+them, and fields that cannot change the answer (user, metadata, a zero penalty, ...) are
+ignored. The sampling extensions other local servers take (llama.cpp's `grammar`, `mirostat`,
+`repeat_penalty`, vLLM's `guided_json`, ...: `EXTENSIONS`) are refused too unless they ask for
+nothing: a client moved over from one of them keeps its settings, and an answer made without
+them must not pass for one made with them. Honoured beyond OpenAI's own: `top_k`,
 `min_p`, and llama.cpp's `n_predict` (its name for max_tokens). `prediction` (OpenAI's
 Predicted Outputs: the answer as the client expects it) is drafted from, on completions too,
 and usage reports how much of it was kept. The extras homespec adds: `speculative` (true |
@@ -56,6 +57,29 @@ EXTENSIONS: dict[str, Callable[[Any], bool]] = {
     "guided_regex": lambda v: not v,
     "guided_choice": lambda v: not v,
     "guided_grammar": lambda v: not v,
+}
+
+# OpenAI's own fields for what a text-only server of plain models does not do, each with the
+# values that ask for nothing and what to do instead; an answer made without them would pass
+# for one made with them (an audio reply, a web search, a steered reasoning or length).
+OPENAI_ELSEWHERE: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "modalities": (
+        lambda v: v is None or (isinstance(v, list) and set(v) <= {"text"}),
+        'homespec answers in text only: send ["text"] or leave it out',
+    ),
+    "audio": (lambda v: v is None, "homespec answers in text only: leave it out"),
+    "web_search_options": (
+        lambda v: v is None,
+        "homespec answers from the model alone, without searching: leave it out",
+    ),
+    "reasoning_effort": (
+        lambda v: v is None,
+        "homespec does not steer a model's reasoning: leave it out",
+    ),
+    "verbosity": (
+        lambda v: v is None,
+        "homespec does not steer an answer's length: leave it out (max_tokens caps it)",
+    ),
 }
 
 
@@ -172,6 +196,10 @@ class _Common(BaseModel):
                         f"{name}={json.dumps(value)[:80]} is not supported (homespec samples "
                         "with temperature, top_p, top_k and min_p only): leave it out"
                     )
+            for name, (asks_nothing, instead) in OPENAI_ELSEWHERE.items():
+                value = data.get(name)
+                if not asks_nothing(value):
+                    raise ValueError(f"{name}={json.dumps(value)[:80]} is not supported: {instead}")
         return data
 
     model: str | None = None
