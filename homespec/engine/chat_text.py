@@ -6,6 +6,7 @@ user typed into a real end-of-turn, so a message could forge a system turn. Inst
 template is rendered a second time with a placeholder for each message's content; the text
 between placeholders is the template's (parsed for special tokens), the placeholders' places
 are the contents (tokenized as plain text). A pair may opt out (`allow_special_tokens`).
+A raw prompt (/v1/completions) is the caller's own rendering, its control tokens meant.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from homespec.engine.target import Vocabulary
-from homespec.engine.types import Message
+from homespec.engine.target import Target, Vocabulary
+from homespec.engine.types import GenerationRequest, Message
+from homespec.errors import RequestError
 
 # Private-use characters: no template writes them, and no strip() (C's or Python's) removes them.
 _MARK = "\ue000homespec-content-{}\ue001"
@@ -48,3 +50,40 @@ def chat_tokens(model: Vocabulary, messages: list[Message], *, allow_special: bo
     for i, (text, content) in enumerate(split_chat(model, messages)):
         tokens += model.tokenize(text, special=not content, add_bos=i == 0)
     return tokens
+
+
+PROMPT_FORMATS = {
+    "chat": "chat template",
+    "builtin": "llama.cpp's built-in look-alike of the chat template",
+    "transcript": "plain transcript (the target has no chat template)",
+    "raw": "raw prompt",
+}
+
+
+def prompt_tokens(
+    target: Target, req: GenerationRequest, *, pair: str, allow_special: bool
+) -> tuple[list[int], str]:
+    """The prompt's tokens and how it was rendered (one of PROMPT_FORMATS' values); a
+    RequestError for a prompt that is empty or leaves no room in the context."""
+    model = target.model
+    if req.messages is not None:
+        tokens = chat_tokens(model, req.messages, allow_special=allow_special)
+        if not model.has_chat_template():
+            how = PROMPT_FORMATS["transcript"]
+        elif problem := model.template_problem():
+            how = f"{PROMPT_FORMATS['builtin']} ({problem})"
+        else:
+            how = PROMPT_FORMATS["chat"]
+    elif req.prompt is not None:
+        tokens, how = model.tokenize(req.prompt, special=True), PROMPT_FORMATS["raw"]
+    else:
+        raise RequestError("request has neither messages nor a prompt", "send one of them")
+    if not tokens:
+        raise RequestError("the prompt is empty", "send some text")
+    if len(tokens) >= target.n_ctx:
+        raise RequestError(
+            f"the prompt is {len(tokens)} tokens but pair {pair!r} has a "
+            f"{target.n_ctx}-token context (room is needed for at least one answer token)",
+            "shorten the prompt or raise n_ctx in models.toml",
+        )
+    return tokens, how

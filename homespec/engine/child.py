@@ -38,7 +38,7 @@ from typing import Protocol
 from homespec import heap
 from homespec.engine.calibration import calibrate
 from homespec.engine.crashsite import CrashSite
-from homespec.engine.generate import PairRuntime, generate_steps, prompt_tokens
+from homespec.engine.generate import PairRuntime, generate_steps
 from homespec.engine.learned import restore as restore_learned
 from homespec.engine.learned import save as save_learned
 from homespec.engine.loader import (
@@ -371,7 +371,7 @@ class Engine:
     def _count(self, msg: CountPrompt) -> None:
         assert self.session is not None
         try:
-            prompt_tokens(self.session.runtime, msg.req)  # raises where generating would
+            self.session.runtime.prompt(msg.req)  # raises where generating would
         except Exception as exc:
             self.send(Counted(msg.qid, failure(exc)))
             return

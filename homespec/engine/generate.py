@@ -19,7 +19,7 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 
-from homespec.engine.chat_text import chat_tokens
+from homespec.engine.chat_text import PROMPT_FORMATS, prompt_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
 from homespec.engine.estimates import MAX_K
 from homespec.engine.governor import Choice, choose, hand_over, next_window
@@ -31,7 +31,6 @@ from homespec.engine.sampling import Draws, SamplingParams, pick, verify
 from homespec.engine.target import Target
 from homespec.engine.textstream import TextStream
 from homespec.engine.types import Chunk, Decision, GenerationRequest, GenerationStats
-from homespec.errors import RequestError
 from homespec.manifest import PairSpec
 from homespec.sizes import MiB
 
@@ -81,6 +80,11 @@ class PairRuntime:
             self.draft_snapshots.recall(self.draft.ctx, history)
         return self.target_snapshots.recall(self.target, history).reused
 
+    def prompt(self, req: GenerationRequest) -> tuple[list[int], str]:
+        """The request's prompt tokens and how it was rendered (chat_text.prompt_tokens)."""
+        allow = self.spec.allow_special_tokens
+        return prompt_tokens(self.target, req, pair=self.name, allow_special=allow)
+
     def drafter(self, kind: str) -> Drafter:
         if kind == "ngram":
             return self.ngram
@@ -107,42 +111,6 @@ def answer_seed(params: SamplingParams) -> int | None:
     if params.greedy:
         return None
     return params.seed if params.seed is not None else secrets.randbits(32)
-
-
-PROMPT_FORMATS = {
-    "chat": "chat template",
-    "builtin": "llama.cpp's built-in look-alike of the chat template",
-    "transcript": "plain transcript (the target has no chat template)",
-    "raw": "raw prompt",
-}
-
-
-def prompt_tokens(rt: PairRuntime, req: GenerationRequest) -> tuple[list[int], str]:
-    """The prompt's tokens and how it was rendered (one of PROMPT_FORMATS' values)."""
-    model = rt.target.model
-    if req.messages is not None:
-        # Message contents are text: a typed <|im_end|> is not the template's end of turn.
-        tokens = chat_tokens(model, req.messages, allow_special=rt.spec.allow_special_tokens)
-        if not model.has_chat_template():
-            how = PROMPT_FORMATS["transcript"]
-        elif problem := model.template_problem():
-            how = f"{PROMPT_FORMATS['builtin']} ({problem})"
-        else:
-            how = PROMPT_FORMATS["chat"]
-    elif req.prompt is not None:
-        # A raw prompt is the caller's own rendering: its control tokens are meant.
-        tokens, how = model.tokenize(req.prompt, special=True), PROMPT_FORMATS["raw"]
-    else:
-        raise RequestError("request has neither messages nor a prompt", "send one of them")
-    if not tokens:
-        raise RequestError("the prompt is empty", "send some text")
-    if len(tokens) >= rt.target.n_ctx:
-        raise RequestError(
-            f"the prompt is {len(tokens)} tokens but pair {rt.name!r} has a "
-            f"{rt.target.n_ctx}-token context (room is needed for at least one answer token)",
-            "shorten the prompt or raise n_ctx in models.toml",
-        )
-    return tokens, how
 
 
 _OPTION_NAMES = {"none": "plain", "ngram": "n-gram", "model": "draft model"}
@@ -335,7 +303,7 @@ def _steps(
         drafter = rt.drafter(decision.drafter)
         drafter.reset()
     params = sampling_params(rt.spec, req)
-    history, how = prompt_tokens(rt, req)
+    history, how = rt.prompt(req)
     seed = answer_seed(params)
     draws = Draws(seed or 0)
     n_prompt = len(history)
