@@ -83,6 +83,8 @@ def stats_line(stats: dict[str, Any]) -> str:
     ]
     if stats.get("seed") is not None:  # sampled: --seed N gives this answer again
         parts.append(f"seed {stats['seed']}")
+    if stats.get("context_full"):
+        parts.append("cut: the context is full")
     if stats["mode"] == "speculative":
         parts.append(f"speculative ({DRAFTER_LABELS[stats['drafter']]})")
     else:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from homespec.cli_common import stats_line
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime, generate
@@ -176,6 +177,22 @@ def test_max_tokens_inside_a_step_is_exact() -> None:
     req = GenerationRequest(messages=ASK, max_tokens=13, speculative=True, drafter="ngram")
     text, s = run(runtime(), req)
     assert s.completion_tokens == 13 and len(text) == 13 and s.finish_reason == "length"
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_an_answer_cut_by_the_context_says_so(speculative: bool) -> None:
+    """finish_reason "length" reads as max_tokens reached: an answer that ran out of context
+    first says how far it got, so a client asking for 400 tokens knows why it got fewer."""
+    rt = runtime()
+    rt.target = FakeTarget(decode_s=0, n_ctx=64)
+    req = GenerationRequest(messages=ASK, max_tokens=400, speculative=speculative)
+    _, s = run(rt, req)
+    assert s.finish_reason == "length" and s.completion_tokens == 64 - s.prompt_tokens
+    assert s.context_full and "cut: the context is full" in stats_line(s.to_dict())
+    assert f"cut at the end of the 64-token context, {s.completion_tokens} of the 400" in s.reason
+    _, enough = run(rt, dataclasses.replace(req, max_tokens=5))
+    assert enough.finish_reason == "length" and "cut at the end" not in enough.reason
+    assert not enough.context_full
 
 
 @pytest.mark.parametrize("remember", [True, False])

@@ -451,6 +451,12 @@ def _steps(
         stats.threads, stats.threads_reason = adapter.state.threads, adapter.state.reason
         if adapter.note:
             stats.reason += f"; {adapter.note}"
+    if stats.finish_reason == "length" and stats.completion_tokens < req.max_tokens:
+        stats.context_full = True
+        stats.reason += (
+            f"; cut at the end of the {rt.target.n_ctx}-token context, {stats.completion_tokens} "
+            f"of the {req.max_tokens} tokens asked (shorten the prompt or raise n_ctx)"
+        )
     if decision.drafter == "auto" and req.learn:
         cut = stats.finish_reason == "length"
         ledger.observe_answer(req.task, stats.completion_tokens, cut=cut)

@@ -77,6 +77,7 @@ class GenerationStats:
     # it, as the client waited it; tokens_per_s does not, being the pair's speed.
     queue_ms: float = 0.0
     finish_reason: str = "length"
+    context_full: bool = False  # "length" because the context was full, before max_tokens
     prompt_format: str = "chat template"  # or a plain transcript for base models, or raw
     seed: int | None = None  # what a sampled answer drew with (None: greedy); sampling.py
     # accepted_per_position[i] counts steps whose draft token i (0-based) was accepted.
