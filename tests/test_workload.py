@@ -25,6 +25,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-2.jsonl",
         "unseen-3.jsonl",
         "unseen-4.jsonl",
+        "unseen-5.jsonl",
     ]
 
 
