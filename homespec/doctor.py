@@ -321,6 +321,32 @@ def render_plan_table(p: PairPlan) -> list[str]:
     return lines
 
 
+# A draft model whose batch decodes cost per token this share of the target's or more catches up
+# dearly (a catch-up: decoding the prompt, or a stretch lookup committed, before it drafts)
+DEAR_CATCH_UP = 0.5
+
+
+def catch_up_note(costs: dict[str, Any], draft_type: str) -> str | None:
+    """What the draft model's catch-ups cost where that keeps it off answers, from the
+    largest decode both curves measured; None where it catches up cheaply (a GPU, or a
+    draft type with fast batch kernels)."""
+    verify = {int(n): float(ms) for n, ms in costs.get("verify_ms", {}).items()}
+    draft = {int(n): float(ms) for n, ms in (costs.get("draft_ms") or {}).items()}
+    sizes = sorted(n for n in set(verify) & set(draft) if n > 1)
+    if not sizes or verify[sizes[-1]] <= 0:
+        return None
+    n = sizes[-1]
+    ratio = draft[n] / verify[n]
+    if ratio < DEAR_CATCH_UP:
+        return None
+    return (
+        f"the draft model catches up at {draft[n] / n:.1f} ms a token, {ratio:.2f}× the "
+        f"target's ({n}-token decodes): the governor leaves it out of answers too short to "
+        f"repay decoding their prompt. Its {draft_type} weights may have no fast batch "
+        "kernel on this CPU, another type may (README: a draft that catches up dearly)"
+    )
+
+
 def render_pair(r: PairReport) -> list[str]:
     if r.not_set_up:
         needed = "" if not r.required else " (needed: default pair, served, or named)"
@@ -362,6 +388,9 @@ def render_pair(r: PairReport) -> list[str]:
             lines.append(
                 f"          the draft model agrees with the target on {agree:.0%} of next tokens"
             )
+        draft_type = r.models.get("draft", {}).get("quantization", "")
+        if note := catch_up_note(r.costs, draft_type):
+            lines.append(f"  note    {note}")
     return lines
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from homespec.doctor import PairReport, catch_up_note, render_pair
 from homespec.manifest import Manifest
 from homespec.paths import cache_dir
 
@@ -218,3 +219,31 @@ def test_a_pair_never_set_up_is_one_line_not_a_failure(
     config.write_text(text)
     code, out, _ = invoke("doctor", "--config", str(config))
     assert code == 2, out
+
+
+def test_a_draft_that_catches_up_dearly_is_said_so_with_its_figures() -> None:
+    """The demo pair on the 2-core CPU: the Q4_1 draft decodes 32 tokens slower than the F32
+    target does, so a catch-up on a prompt costs it more than plain decoding would save on a
+    short answer, and doctor says why the governor leaves it out there."""
+    cpu = {"verify_ms": {"1": 20.0, "8": 40.8, "32": 94.0}, "draft_ms": {"1": 7.5, "32": 101.9}}
+    note = catch_up_note(cpu, "Q4_1")
+    assert note is not None
+    assert "3.2 ms a token, 1.08× the target's (32-token decodes)" in note
+    assert "Its Q4_1 weights" in note and "catches up dearly" in note
+    # A GPU, or a draft type with fast batch kernels: a catch-up is cheap, nothing to say.
+    gpu = {"verify_ms": {"1": 2.1, "32": 3.0}, "draft_ms": {"1": 1.1, "32": 1.2}}
+    assert catch_up_note(gpu, "Q4_K_M") is None
+    # Nothing measured for the draft model (an n-gram pair), or only one-token decodes.
+    assert catch_up_note({"verify_ms": {"1": 20.0, "8": 40.0}}, "") is None
+    assert catch_up_note({"verify_ms": {"1": 20.0}, "draft_ms": {"1": 7.5}}, "Q4_1") is None
+
+
+def test_doctor_renders_the_catch_up_note_under_the_costs() -> None:
+    report = PairReport(name="p", status=0)
+    facts = {"architecture": "llama", "params": 135e6, "size": 2**20, "trained_context": 8192}
+    report.models = {"draft": {"model": "d", "quantization": "Q4_1", **facts}}
+    report.costs = {"verify_ms": {"8": 40.0}, "draft_ms": {"8": 30.0}}
+    lines = render_pair(report)
+    costs_at = next(i for i, line in enumerate(lines) if line.startswith("  costs"))
+    assert lines[-1].startswith("  note    the draft model catches up at 3.8 ms a token")
+    assert len(lines) - 1 > costs_at
