@@ -343,7 +343,7 @@ def catch_up_note(costs: dict[str, Any], draft_type: str) -> str | None:
         f"the draft model catches up at {draft[n] / n:.1f} ms a token, {ratio:.2f}× the "
         f"target's ({n}-token decodes): the governor leaves it out of answers too short to "
         f"repay decoding their prompt. Its {draft_type} weights may have no fast batch "
-        "kernel on this CPU, another type may (README: a draft that catches up dearly)"
+        "kernel where it runs, another type may (README: a draft that catches up dearly)"
     )
 
 
