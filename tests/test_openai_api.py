@@ -155,6 +155,7 @@ def test_completion_fields_that_ask_for_nothing_are_accepted() -> None:
         ({"web_search_options": {}}, "web_search_options={}"),
         ({"reasoning_effort": "low"}, 'reasoning_effort="low"'),
         ({"verbosity": "high"}, 'verbosity="high"'),
+        ({"modalities": [{"type": "text"}]}, 'modalities=[{"type": "text"}]'),
     ],
 )
 def test_other_servers_sampling_fields_are_refused_by_name_unless_they_ask_for_nothing(

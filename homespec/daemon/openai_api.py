@@ -198,7 +198,11 @@ class _Common(BaseModel):
                     )
             for name, (asks_nothing, instead) in OPENAI_ELSEWHERE.items():
                 value = data.get(name)
-                if not asks_nothing(value):
+                try:
+                    neutral = asks_nothing(value)
+                except TypeError:  # unhashable: an object where a string goes
+                    neutral = False
+                if not neutral:
                     raise ValueError(f"{name}={json.dumps(value)[:80]} is not supported: {instead}")
         return data
 
