@@ -185,25 +185,21 @@ class _Common(BaseModel):
         if problem:
             raise ValueError(f"{problem}: send plain text")
         if isinstance(data, dict):
-            for name, asks_nothing in EXTENSIONS.items():
+            sampler = (
+                " (homespec samples with temperature, top_p, top_k and min_p only): leave it out"
+            )
+            checks = [(name, nothing, sampler) for name, nothing in EXTENSIONS.items()]
+            checks += [
+                (name, nothing, f": {why}") for name, (nothing, why) in OPENAI_ELSEWHERE.items()
+            ]
+            for name, asks_nothing, instead in checks:
                 value = data.get(name)
                 try:
                     neutral = asks_nothing(value)
-                except TypeError:  # unhashable: a list or an object where a number goes
+                except TypeError:  # unhashable: a list or an object where a number or string goes
                     neutral = False
                 if not neutral:
-                    raise ValueError(
-                        f"{name}={json.dumps(value)[:80]} is not supported (homespec samples "
-                        "with temperature, top_p, top_k and min_p only): leave it out"
-                    )
-            for name, (asks_nothing, instead) in OPENAI_ELSEWHERE.items():
-                value = data.get(name)
-                try:
-                    neutral = asks_nothing(value)
-                except TypeError:  # unhashable: an object where a string goes
-                    neutral = False
-                if not neutral:
-                    raise ValueError(f"{name}={json.dumps(value)[:80]} is not supported: {instead}")
+                    raise ValueError(f"{name}={json.dumps(value)[:80]} is not supported{instead}")
         return data
 
     model: str | None = None
