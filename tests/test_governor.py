@@ -18,6 +18,8 @@ from homespec.engine.estimates import (
 from homespec.engine.governor import (
     EXPLORE_EVERY,
     EXPLORE_K,
+    PROBE_BELOW,
+    PROBE_EVERY,
     Inputs,
     Option,
     choose,
@@ -110,6 +112,53 @@ def test_a_draft_model_is_re_tried_in_place_of_plain_steps_never_of_lookup_steps
     assert {o for o, _ in steps(32, 32, 3 * EXPLORE_EVERY)} == {"ngram"}
     # The matches end: the next plain step is the re-try.
     assert steps(0, 0, 1) == [("model", EXPLORE_K)]
+
+
+def test_plain_is_measured_again_while_a_marginal_drafter_runs() -> None:
+    """Only a plain step measures plain decoding's cost, and a one-token decode's cost wanders
+    with the machine's memory traffic where a batched verify's does not. A draft model that
+    paid a little when plain was measured keeps being weighed against that old cost unless a
+    plain step measures it again: here plain gets twice as cheap while the draft model drafts,
+    and the probes see it and turn drafting off. A drafter estimated far above plain is not
+    interrupted: there no wander of the plain cost can turn the decision."""
+    ledger = Ledger(verify=curve(10.0, 2.0))
+    ledger.draft = CostCurve({1: 1.0, 2: 2.0})
+    ledger.by_task[None] = {"ngram@0": seen(0.1), "model": seen(0.75)}
+
+    def step() -> Option:
+        c = choose(ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1))
+        ledger.chose(c.option)
+        if c.option == "none":
+            ledger.observe_verify(1, 5.0)  # the machine's plain cost now
+        return c.option
+
+    first = choose(ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1))
+    assert first.option == "model" and first.speedup < PROBE_BELOW
+    chosen = [step() for _ in range(12 * PROBE_EVERY)]
+    probes = [i for i, o in enumerate(chosen) if o == "none"]
+    assert probes[:2] == [PROBE_EVERY, 2 * PROBE_EVERY + 1]  # then every PROBE_EVERY steps
+    assert chosen[-PROBE_EVERY:] == ["none"] * PROBE_EVERY  # plain, once it is measured cheap
+
+    sure = Ledger(verify=curve(10.0, 0.5))
+    sure.draft = CostCurve({1: 0.2, 2: 0.4})
+    sure.by_task[None] = {"ngram@0": seen(0.1), "model": seen(0.95)}
+    picks = []
+    for _ in range(3 * PROBE_EVERY):
+        c = choose(sure.inputs(None, has_model=True, match=0, max_k=16, model_lag=1))
+        sure.chose(c.option)
+        picks.append(c.option)
+    assert c.speedup > PROBE_BELOW and set(picks) == {"model"}
+
+
+def test_a_probe_of_plain_says_so() -> None:
+    ledger = Ledger(verify=curve(10.0, 2.0))
+    ledger.draft = CostCurve({1: 1.0, 2: 2.0})
+    ledger.by_task[None] = {"ngram@0": seen(0.1), "model": seen(0.75)}
+    ledger.steps = PROBE_EVERY
+    c = choose(ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1))
+    assert c.option == "none" and c.k == 0
+    assert c.reason.startswith("governor: plain for one step, to measure it again")
+    assert f"last measured {PROBE_EVERY} steps ago" in c.reason and "draft model est" in c.reason
 
 
 def test_no_match_means_no_n_gram_option_and_nothing_measured_means_plain() -> None:

@@ -17,7 +17,9 @@ the target is never worth it; acceptance that collapses turns speculation off. N
 re-tries the draft model when it is not using it, with a short draft (bounded exploration), so
 a draft model that starts paying is noticed; n-gram lookup needs no re-tries, as every step
 that has a match but does not use it measures it for free (generate.learn_unused_match). It
-switches only for a clear gain (hysteresis).
+switches only for a clear gain (hysteresis). And while drafting pays only a little, a plain
+step now and then measures plain decoding's cost again (PROBE_EVERY), which every estimate is
+weighed against and which wanders with the machine's memory traffic.
 
 Exactness: a step's choice depends only on the history so far and these statistics, never on
 that step's random draws, so greedy output stays the target's own and sampling keeps the
@@ -69,6 +71,18 @@ RELAG = 2  # a draft model this far behind is every step's own lag, not a catch-
 # drafts are kept whole; never below the longest draft that costs at most CHEAP_VERIFY plain
 # steps to verify (on a GPU that is all of them: the window never binds there).
 CHEAP_VERIFY = 2.0
+# Plain decoding's cost is what every estimate is weighed against, and only a plain step
+# measures it. A one-token decode reads every weight once and waits on memory, which a busy
+# neighbour shares: on the 2-core box it wandered 17-25 ms from one 4-second answer to the next
+# while an 8-token verify held at 45, so the draft model forced ran 0.96-1.33x plain on the same
+# e-mail. An answer's first steps measure it; a draft model drafting the rest of a long answer
+# does not, and there its estimate stood on a cost seconds old. So while the option in use is
+# estimated below PROBE_BELOW x plain (where a tenth off the plain cost can turn the decision),
+# a step PROBE_EVERY steps after the last plain one is plain: a token at plain's cost in place
+# of the drafter's, about 0.3% of the time of 16 draft-model steps at 1.2x (fixed-cost replay
+# of three workloads: within 0.3%), and plain's cost is as current as the drafter's.
+PROBE_EVERY = 16
+PROBE_BELOW = 1.5
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
 STRETCH = 0.9  # an untried draft-model position: this times the estimate of the one before it
 # A catch-up is paid for certain and up front, its payback is an estimate over an answer that
@@ -284,6 +298,15 @@ def choose(inp: Inputs) -> Choice:
         )
     if best is None:
         return Choice("none", 0, 1.0, "governor: plain, drafting would not pay" + others("none"))
+    since = inp.step - inp.last_used.get("none", 0)
+    if since >= PROBE_EVERY and best.tokens_per_ms < plain * PROBE_BELOW:
+        return Choice(
+            "none",
+            0,
+            1.0,
+            f"governor: plain for one step, to measure it again (last measured {since} steps "
+            f"ago; {_name(best.option)} est {best.tokens_per_ms / plain:.2f}× plain)",
+        )
     behind = (
         f", catching up on {inp.model_lag} tokens first"
         if best.option == "model" and inp.model_lag > 1
