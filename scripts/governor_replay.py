@@ -83,7 +83,18 @@ def pin_costs(rt: PairRuntime, table: dict[str, dict[int, float]], clock: list[f
         curve.observe = lambda n, ms: None  # type: ignore[method-assign]
     rt.ledger.verify = rt.ledger.quiet = verify
     rt.ledger.draft = draft
-    rt.ledger.observe_verify = lambda n, ms: None  # type: ignore[method-assign]  # no drift
+    ledger = rt.ledger
+
+    # No drift, and the decoding since plain's last measurement (the governor's PROBE_MS)
+    # counted at the table's prices, never the clock's.
+    def observe_verify(n: int, ms: float) -> None:
+        ledger.since_plain_ms = 0.0 if n == 1 else ledger.since_plain_ms + (verify.at(n) or 0.0)
+
+    def observe_draft(decodes: list[tuple[int, float]]) -> None:
+        ledger.since_plain_ms += sum(draft.at(n) or 0.0 for n, _ in decodes)
+
+    ledger.observe_verify = observe_verify  # type: ignore[method-assign]
+    ledger.observe_draft = observe_draft  # type: ignore[method-assign]
     rt.threads = None
     contexts = [(rt.target, verify)]
     if rt.draft is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -19,7 +20,9 @@ from homespec.engine.governor import (
     EXPLORE_EVERY,
     EXPLORE_K,
     PROBE_BELOW,
-    PROBE_EVERY,
+    PROBE_HORIZON,
+    PROBE_MS,
+    Choice,
     Inputs,
     Option,
     choose,
@@ -119,46 +122,77 @@ def test_plain_is_measured_again_while_a_marginal_drafter_runs() -> None:
     with the machine's memory traffic where a batched verify's does not. A draft model that
     paid a little when plain was measured keeps being weighed against that old cost unless a
     plain step measures it again: here plain gets twice as cheap while the draft model drafts,
-    and the probes see it and turn drafting off. A drafter estimated far above plain is not
-    interrupted: there no wander of the plain cost can turn the decision."""
+    and the probes, one per PROBE_MS of decoding, see it and turn drafting off."""
     ledger = Ledger(verify=curve(10.0, 2.0))
     ledger.draft = CostCurve({1: 1.0, 2: 2.0})
     ledger.by_task[None] = {"ngram@0": seen(0.1), "model": seen(0.75)}
 
-    def step() -> Option:
-        c = choose(ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1))
+    def step() -> Choice:
+        c = choose(ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1, horizon=200))
         ledger.chose(c.option)
         if c.option == "none":
             ledger.observe_verify(1, 5.0)  # the machine's plain cost now
-        return c.option
+        else:
+            ledger.observe_draft([(1, 1.0)] * c.k)
+            ledger.observe_verify(c.k + 1, ledger.verify.at(c.k + 1) or 0.0)
+        return c
 
-    first = choose(ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1))
+    first = step()
     assert first.option == "model" and first.speedup < PROBE_BELOW
-    chosen = [step() for _ in range(12 * PROBE_EVERY)]
-    probes = [i for i, o in enumerate(chosen) if o == "none"]
-    assert probes[:2] == [PROBE_EVERY, 2 * PROBE_EVERY + 1]  # then every PROBE_EVERY steps
-    assert chosen[-PROBE_EVERY:] == ["none"] * PROBE_EVERY  # plain, once it is measured cheap
+    step_ms = ledger.since_plain_ms  # one draft-model step's decoding
+    chosen = [step() for _ in range(int(12 * PROBE_MS / step_ms))]
+    probes = [i for i, c in enumerate(chosen) if "to measure it again" in c.reason]
+    assert probes and probes[0] == math.ceil(PROBE_MS / step_ms) - 1  # PROBE_MS of decoding in
+    # plain, once it is measured cheap (the draft model re-tried now and then, as any option)
+    assert all(c.option == "none" or "exploring" in c.reason for c in chosen[-100:])
+    assert sum(c.option == "none" for c in chosen[-100:]) >= 90
 
-    sure = Ledger(verify=curve(10.0, 0.5))
-    sure.draft = CostCurve({1: 0.2, 2: 0.4})
-    sure.by_task[None] = {"ngram@0": seen(0.1), "model": seen(0.95)}
-    picks = []
-    for _ in range(3 * PROBE_EVERY):
-        c = choose(sure.inputs(None, has_model=True, match=0, max_k=16, model_lag=1))
-        sure.chose(c.option)
-        picks.append(c.option)
-    assert c.speedup > PROBE_BELOW and set(picks) == {"model"}
+
+def test_plain_is_not_probed_near_an_answers_end_nor_in_place_of_lookup() -> None:
+    """A probe leaves the draft model a token further behind, and near the answer's end that
+    is a catch-up the few tokens left cannot repay; lookup steps give way to plain steps of
+    their own wherever matches end, so they are not interrupted."""
+    ledger = Ledger(verify=curve(10.0, 2.0))
+    ledger.draft = CostCurve({1: 1.0, 2: 2.0})
+    ledger.by_task[None] = {"ngram@0": seen(0.1), "ngram@8": seen(0.6), "model": seen(0.75)}
+    ledger.since_plain_ms = 10 * PROBE_MS
+
+    def option(**kw: int) -> Option:
+        return choose(ledger.inputs(None, has_model=True, max_k=16, model_lag=1, **kw)).option
+
+    assert option(match=0, horizon=200) == "none"  # the probe
+    assert option(match=0, horizon=PROBE_HORIZON - 1) == "model"
+    assert option(match=0, horizon=0) == "model"  # nothing known of what is left
+    ledger.by_task[None]["model"] = seen(0.1)
+    assert option(match=16, match_len=8, horizon=200) == "ngram"
+
+
+def test_a_drafter_far_ahead_of_plain_is_not_interrupted() -> None:
+    ledger = Ledger(verify=curve(10.0, 0.5))
+    ledger.draft = CostCurve({1: 0.2, 2: 0.4})
+    ledger.by_task[None] = {"ngram@0": seen(0.1), "model": seen(0.95)}
+    ledger.since_plain_ms = 10 * PROBE_MS
+    c = choose(ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1, horizon=200))
+    assert c.option == "model" and c.speedup > PROBE_BELOW
 
 
 def test_a_probe_of_plain_says_so() -> None:
     ledger = Ledger(verify=curve(10.0, 2.0))
     ledger.draft = CostCurve({1: 1.0, 2: 2.0})
     ledger.by_task[None] = {"ngram@0": seen(0.1), "model": seen(0.75)}
-    ledger.steps = PROBE_EVERY
-    c = choose(ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1))
+    ledger.since_plain_ms = PROBE_MS - 1
+    c = choose(ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1, horizon=200))
+    assert c.option == "model"
+    ledger.observe_verify(4, 20.0)
+    c = choose(ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1, horizon=200))
     assert c.option == "none" and c.k == 0
     assert c.reason.startswith("governor: plain for one step, to measure it again")
-    assert f"last measured {PROBE_EVERY} steps ago" in c.reason and "draft model est" in c.reason
+    assert "last measured 2.0 s of decoding ago" in c.reason and "draft model est" in c.reason
+    ledger.observe_verify(1, 10.0)  # the probe's own decode
+    assert ledger.since_plain_ms == 0.0
+    assert choose(
+        ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1, horizon=200)
+    ).option == ("model")
 
 
 def test_no_match_means_no_n_gram_option_and_nothing_measured_means_plain() -> None:

@@ -17,9 +17,9 @@ the target is never worth it; acceptance that collapses turns speculation off. N
 re-tries the draft model when it is not using it, with a short draft (bounded exploration), so
 a draft model that starts paying is noticed; n-gram lookup needs no re-tries, as every step
 that has a match but does not use it measures it for free (generate.learn_unused_match). It
-switches only for a clear gain (hysteresis). And while drafting pays only a little, a plain
-step now and then measures plain decoding's cost again (PROBE_EVERY), which every estimate is
-weighed against and which wanders with the machine's memory traffic.
+switches only for a clear gain (hysteresis). And while the draft model pays only a little, a
+plain step now and then measures plain decoding's cost again (PROBE_MS), which every estimate
+is weighed against and which wanders with the machine's memory traffic.
 
 Exactness: a step's choice depends only on the history so far and these statistics, never on
 that step's random draws, so greedy output stays the target's own and sampling keeps the
@@ -74,14 +74,21 @@ CHEAP_VERIFY = 2.0
 # Plain decoding's cost is what every estimate is weighed against, and only a plain step
 # measures it. A one-token decode reads every weight once and waits on memory, which a busy
 # neighbour shares: on the 2-core box it wandered 17-25 ms from one 4-second answer to the next
-# while an 8-token verify held at 45, so the draft model forced ran 0.96-1.33x plain on the same
-# e-mail. An answer's first steps measure it; a draft model drafting the rest of a long answer
-# does not, and there its estimate stood on a cost seconds old. So while the option in use is
-# estimated below PROBE_BELOW x plain (where a tenth off the plain cost can turn the decision),
-# a step PROBE_EVERY steps after the last plain one is plain: a token at plain's cost in place
-# of the drafter's, about 0.3% of the time of 16 draft-model steps at 1.2x (fixed-cost replay
-# of three workloads: within 0.3%), and plain's cost is as current as the drafter's.
-PROBE_EVERY = 16
+# while an 8-token verify held at 45, so the draft model forced ran 0.96-1.39x plain on the same
+# e-mail. An answer's first steps measure it, and n-gram lookup gives way to plain steps
+# wherever its matches end; a draft model drafting the rest of a long answer never does, and
+# there its estimate stood on a cost seconds old. So while the draft model is in use, estimated
+# below PROBE_BELOW x plain (where a tenth off plain's cost can turn the decision), after
+# PROBE_MS of decoding since the last plain step, with PROBE_HORIZON answer tokens or more still
+# expected, one step is plain. Counted in time, as the cost wanders in time: counted in steps
+# (every 16), the probes cost a GPU-like fixed-cost replay (1-2 ms steps, a cost that does not
+# wander) 3% of unseen-5's throughput; in place of lookup steps too, code edits 3.5% at the
+# CPU's costs; near an answer's end, the draft model left a token further behind was priced
+# out for the last few tokens (an e-mail 1.35x -> 1.29x plain). As here, at fixed costs (where
+# a probe can only cost), auto's tok/s without -> with: shipped workload 76.5 -> 76.5 (CPU
+# costs), 1804 -> 1804 (GPU); unseen-5 45.4 -> 45.8, 825 -> 825; unseen-4 64.6 -> 64.5 (CPU).
+PROBE_MS = 2000.0
+PROBE_HORIZON = 32
 PROBE_BELOW = 1.5
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
 STRETCH = 0.9  # an untried draft-model position: this times the estimate of the one before it
@@ -137,6 +144,7 @@ class Inputs:
     task: str | None = None  # the request's task, for the reasons (None: it named none)
     agreement_measured: bool = False  # the draft model's prior is its measured agreement
     ngram_window: int = MAX_K  # this answer's cap on a lookup proposal (next_window)
+    since_plain_ms: float = 0.0  # ms of decoding since a plain step last measured plain's cost
 
 
 def catch_up_ms(inp: Inputs) -> float:
@@ -298,14 +306,19 @@ def choose(inp: Inputs) -> Choice:
         )
     if best is None:
         return Choice("none", 0, 1.0, "governor: plain, drafting would not pay" + others("none"))
-    since = inp.step - inp.last_used.get("none", 0)
-    if since >= PROBE_EVERY and best.tokens_per_ms < plain * PROBE_BELOW:
+    if (
+        best.option == "model"
+        and inp.since_plain_ms >= PROBE_MS
+        and inp.horizon >= PROBE_HORIZON
+        and best.tokens_per_ms < plain * PROBE_BELOW
+    ):
         return Choice(
             "none",
             0,
             1.0,
-            f"governor: plain for one step, to measure it again (last measured {since} steps "
-            f"ago; {_name(best.option)} est {best.tokens_per_ms / plain:.2f}× plain)",
+            f"governor: plain for one step, to measure it again (last measured "
+            f"{inp.since_plain_ms / 1000:.1f} s of decoding ago; {_name(best.option)} est "
+            f"{best.tokens_per_ms / plain:.2f}× plain)",
         )
     behind = (
         f", catching up on {inp.model_lag} tokens first"

@@ -86,6 +86,9 @@ class Ledger:
     slowdown: float = 1.0
     draft_ref: float | None = None
     verify_ref: dict[int, float] = field(default_factory=dict)  # the same, by verify size
+    # ms of target and draft-model decodes since the last one-token target decode, the one
+    # measure of plain decoding's cost (the governor's PROBE_MS)
+    since_plain_ms: float = 0.0
 
     @property
     def calibrated_busy(self) -> bool:
@@ -364,6 +367,7 @@ class Ledger:
         """The draft model's decodes of one proposal: (tokens in it, ms)."""
         for n, ms in decodes:
             self.draft.observe(n, ms)
+            self.since_plain_ms += ms
         if decodes:
             self.draft_ref = self.slowdown
 
@@ -371,6 +375,7 @@ class Ledger:
         """One target decode of n tokens that took `ms`: the cost curve, and how fast the
         machine runs now against the calibration's quiet cost at that size (`slowdown`)."""
         self.verify.observe(n, ms)
+        self.since_plain_ms = 0.0 if n == 1 else self.since_plain_ms + ms
         quiet = self.quiet.at(n)
         if quiet:
             self.slowdown = (1 - SLOWDOWN_ALPHA) * self.slowdown + SLOWDOWN_ALPHA * ms / quiet
@@ -447,6 +452,7 @@ class Ledger:
             task,
             self.agreement is not None,
             ngram_window,
+            self.since_plain_ms,
         )
 
 
