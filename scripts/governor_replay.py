@@ -83,18 +83,14 @@ def pin_costs(rt: PairRuntime, table: dict[str, dict[int, float]], clock: list[f
         curve.observe = lambda n, ms: None  # type: ignore[method-assign]
     rt.ledger.verify = rt.ledger.quiet = verify
     rt.ledger.draft = draft
-    ledger = rt.ledger
-
-    # No drift, and the decoding since plain's last measurement (the governor's PROBE_MS)
-    # counted at the table's prices, never the clock's.
-    def observe_verify(n: int, ms: float) -> None:
-        ledger.since_plain_ms = 0.0 if n == 1 else ledger.since_plain_ms + (verify.at(n) or 0.0)
-
-    def observe_draft(decodes: list[tuple[int, float]]) -> None:
-        ledger.since_plain_ms += sum(draft.at(n) or 0.0 for n, _ in decodes)
-
-    ledger.observe_verify = observe_verify  # type: ignore[method-assign]
-    ledger.observe_draft = observe_draft  # type: ignore[method-assign]
+    # The ledger's own bookkeeping, fed the table's prices, never the clock's: no drift (every
+    # decode costs what the calibration, the same table, says), and the decoding since plain's
+    # last measurement (the governor's PROBE_MS) counted at those prices.
+    observe_verify, observe_draft = rt.ledger.observe_verify, rt.ledger.observe_draft
+    rt.ledger.observe_verify = lambda n, ms: observe_verify(n, verify.at(n) or 0.0)  # type: ignore[method-assign]
+    rt.ledger.observe_draft = lambda decodes: observe_draft(  # type: ignore[method-assign]
+        [(n, draft.at(n) or 0.0) for n, _ in decodes]
+    )
     rt.threads = None
     contexts = [(rt.target, verify)]
     if rt.draft is not None:

@@ -317,7 +317,7 @@ def choose(inp: Inputs) -> Choice:
             0,
             1.0,
             f"governor: plain for one step, to measure it again (last measured "
-            f"{inp.since_plain_ms / 1000:.1f} s of decoding ago; {_name(best.option)} est "
+            f"{inp.since_plain_ms / 1000:.1f} s of decoding ago; draft model est "
             f"{best.tokens_per_ms / plain:.2f}× plain)",
         )
     behind = (
