@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/governor_replay.py [--workload F] [--task T,…] [--modes plain,auto]
         [--costs cpu|gpu|FILE.json] [--pair NAME] [--why] [--trace] [--json OUT.json]
-        [--no-task] [--chatter]
+        [--no-task] [--chatter] [--oracle-horizon]
 
 On a 2-core box one bench run's ratios swing by 10–20%: the machine's speed wanders, and the
 governor, which decides from the costs it measures, decides differently from run to run (one
@@ -22,6 +22,11 @@ FILE a JSON object {"verify": {"1": ms, …}, "draft": {"1": ms, …}} (ms of on
 in it; `homespec doctor --measure` prints this machine's). Speed claims still come from
 `homespec bench`; this says whether a decision change helps at given costs.
 
+`--oracle-horizon` tells the governor how long each answer will run (its plain answer's
+length) from its first token: the ceiling of predicting answer lengths. What `auto` trails the
+best forced mode by with it is the pricing's; what it gains over `auto` without it is what a
+better length prediction could win.
+
 Each run starts as the bench's do (another chat in both caches), but with no warm-up before
 the first, as a fresh daemon's first requests; the n-gram memory learns each prompt from the
 last mode's run; the draft model's agreement with the target is measured as at load (argmax
@@ -39,7 +44,16 @@ from pathlib import Path
 import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before numpy's)
 
 # isort: split
-from homespec.bench import AUTO, WARM_UP, Run, _another_chat, _request, render_table, summarize
+from homespec.bench import (
+    AUTO,
+    PLAIN,
+    WARM_UP,
+    Run,
+    _another_chat,
+    _request,
+    render_table,
+    summarize,
+)
 from homespec.engine import generate as loop
 from homespec.engine import governor, sampling
 from homespec.engine.calibration import agreement
@@ -159,6 +173,19 @@ class Tracer:
         return lines
 
 
+def oracle_horizon(rt: PairRuntime, length: list[int]) -> None:
+    """Tell the governor each answer's true remaining length (length[0], set per prompt), from
+    its first token on: what it would do if it knew how long every answer runs. The gap
+    between `auto` and this is what predicting answer lengths could win; what is left
+    between this and the best forced mode is the pricing's (the catch-up's risk, the
+    estimates)."""
+
+    def known(task: str | None, generated: int, room: int, lag: int = 0) -> int:
+        return max(0, min(room, length[0] - generated))
+
+    rt.ledger.horizon = known  # type: ignore[method-assign]
+
+
 def run_priced(rt: PairRuntime, req: GenerationRequest, clock: list[float]) -> Run:
     """One request as the bench runs it (bench._run_one), its e2e and ttft the priced time."""
     _another_chat(rt)
@@ -194,6 +221,12 @@ def main() -> None:
         help="send no task, as an OpenAI client does (the table still groups by task)",
     )
     ap.add_argument(
+        "--oracle-horizon",
+        action="store_true",
+        help="give the governor each answer's true length as it starts (from the plain run of "
+        "the same prompt, which must come first in --modes): the ceiling of length prediction",
+    )
+    ap.add_argument(
         "--chatter",
         action="store_true",
         help="before each prompt, an unpriced task-less 'Say hello.' through the governor, as "
@@ -204,6 +237,8 @@ def main() -> None:
     if args.task:
         items = [i for i in items if i.task in args.task.split(",")]
     modes = args.modes.split(",")
+    if args.oracle_horizon and (PLAIN not in modes or modes.index(PLAIN) > 0):
+        ap.error("--oracle-horizon needs plain first in --modes (it learns each answer's length)")
     clock = [0.0]
     runs: list[Run] = []
     tracer: Tracer | None = None
@@ -212,8 +247,12 @@ def main() -> None:
         rt.ledger.agreement = agreement(rt)  # before pin_costs: its decodes are not priced
         pin_costs(rt, cost_table(args.costs), clock)
         tracer = Tracer(rt, clock) if args.trace else None
+        length = [0]  # this prompt's answer length, for --oracle-horizon
+        if args.oracle_horizon:
+            oracle_horizon(rt, length)
         for idx, item in enumerate(items):
             if args.chatter:
+                length[0] = 0  # a greeting's length is not known: no catch-up for it
                 talk = [Message(m["role"], m["content"]) for m in WARM_UP]
                 hello = _request(WorkItem("chatter", talk, 8, 0), AUTO, 0.0, None, remember=True)
                 run_priced(rt, replace(hello, task=None), clock)
@@ -225,6 +264,8 @@ def main() -> None:
                     tracer.on = mode == AUTO
                 run = replace(run_priced(rt, req, clock), task=item.task, item=idx, mode=mode)
                 runs.append(run)
+                if mode == PLAIN:  # at temperature 0 every mode gives this answer
+                    length[0] = run.stats.completion_tokens
                 print(
                     f"{item.task} #{idx + 1} {mode}: {run.stats.completion_tokens} tok, "
                     f"{run.stats.tokens_per_s:.1f} tok/s at {args.costs} costs",
