@@ -237,7 +237,7 @@ def main() -> None:
     if args.task:
         items = [i for i in items if i.task in args.task.split(",")]
     modes = args.modes.split(",")
-    if args.oracle_horizon and (PLAIN not in modes or modes.index(PLAIN) > 0):
+    if args.oracle_horizon and modes[0] != PLAIN:
         ap.error("--oracle-horizon needs plain first in --modes (it learns each answer's length)")
     clock = [0.0]
     runs: list[Run] = []

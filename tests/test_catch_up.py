@@ -11,14 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from homespec.engine.estimates import Acceptance, CostCurve
-from homespec.engine.governor import (
-    TRIAL_TRIES,
-    Choice,
-    Inputs,
-    Option,
-    best_k,
-    choose,
-)
+from homespec.engine.governor import TRIAL_TRIES, Choice, Inputs, Option, best_k, choose
 from homespec.engine.ledger import Ledger
 from homespec.engine.target import shared_prefix
 

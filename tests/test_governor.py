@@ -190,9 +190,8 @@ def test_a_probe_of_plain_says_so() -> None:
     assert "last measured 2.0 s of decoding ago" in c.reason and "draft model est" in c.reason
     ledger.observe_verify(1, 10.0)  # the probe's own decode
     assert ledger.since_plain_ms == 0.0
-    assert choose(
-        ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1, horizon=200)
-    ).option == ("model")
+    c = choose(ledger.inputs(None, has_model=True, match=0, max_k=16, model_lag=1, horizon=200))
+    assert c.option == "model"
 
 
 def test_no_match_means_no_n_gram_option_and_nothing_measured_means_plain() -> None:
