@@ -12,6 +12,7 @@
 # compare.txt (the table, and under it auto against plain, the best forced mode and the best
 # llama-server configuration per task), the servers' logs and step_overhead.txt (homespec's
 # own µs per step outside llama_decode: at 700+ tok/s a millisecond matters),
+# unseen-N.txt (every mode on each of scripts/workloads/, in-process; UNSEEN picks the files),
 # conversations.txt (chats taking turns with the prompt cache on and off) and prediction.txt
 # (what a client's prediction is worth: scripts/prediction_bench.py) into $OUT (the
 # device tool's folder; ./gpu-tables elsewhere), and prints the tables. About 5 minutes on one
@@ -62,6 +63,15 @@ LLAMA_SERVER_BIN=$SERVER GPU_LAYERS=${GPU_LAYERS:-999} \
 say "homespec's own time per step outside llama_decode (step_overhead.py)"
 "$PY" scripts/step_overhead.py --json "$DEST/step_overhead.json" 2>&1 \
   | tee "$DEST/step_overhead.txt" || say "step_overhead.py failed: see $DEST/step_overhead.txt"
+# Workloads the governor was not tuned on (scripts/workloads/): every homespec mode in-process,
+# auto against plain and the best forced mode per task, as for the shipped workload above.
+for w in ${UNSEEN:-scripts/workloads/unseen-*.jsonl}; do
+  name=$(basename "$w" .jsonl)
+  say "homespec's modes on $name (in-process)"
+  "$PY" -m homespec bench --modes plain,model,ngram,hybrid,auto --workload "$w" \
+    >"$DEST/$name.txt" 2>"$DEST/$name.log" || say "the $name bench failed: see $DEST/$name.log"
+  sed -n '/^auto against/,$p' "$DEST/$name.txt" >&2 || true
+done
 say "conversations put aside on the card (conversations.py: the prompt cache copies CUDA KV)"
 "$PY" scripts/conversations.py --cache-mb 256,0 --conversations 2 --turns 2 \
   --json "$DEST/conversations.json" 2>"$DEST/conversations.log" | tee "$DEST/conversations.txt" \
@@ -70,4 +80,4 @@ say "a client's prediction on the card (prediction_bench.py: regenerated answers
 "$PY" scripts/prediction_bench.py --repeat 1 --json "$DEST/prediction.json" \
   2>"$DEST/prediction.log" | tee "$DEST/prediction.txt" \
   || say "prediction_bench.py failed: see $DEST/prediction.log"
-say "wrote $DEST: gpu.txt doctor.txt compare.txt compare.log step_overhead.txt conversations.txt prediction.txt"
+say "wrote $DEST: gpu.txt doctor.txt compare.txt compare.log step_overhead.txt unseen-*.txt conversations.txt prediction.txt"
