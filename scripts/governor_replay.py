@@ -2,7 +2,7 @@
 """The governor's choices priced at fixed costs: a deterministic A/B of decision changes.
 
     .venv/bin/python scripts/governor_replay.py [--workload F] [--task T,…] [--modes plain,auto]
-        [--costs cpu|gpu|FILE.json] [--pair NAME] [--why] [--trace] [--json OUT.json]
+        [--costs cpu|gpu|h100|FILE.json] [--pair NAME] [--why] [--trace] [--json OUT.json]
         [--no-task] [--chatter] [--oracle-horizon]
 
 On a 2-core box one bench run's ratios swing by 10–20%: the machine's speed wanders, and the
@@ -15,12 +15,15 @@ decode that ran in it, target and draft model, the prompt's included: the same c
 same figures, to the digit, on any machine and under any load. Run it before and after a
 change (a git worktree for the old code) and compare.
 
-What it does not measure: homespec's own Python per step (scripts/step_overhead.py), and
-whether the table is this machine's: `cpu` is the demo pair on the 2-core box these notes come
-from (see README), `gpu` a launch-bound tiny pair on one H100 (issue 8's llama-bench figures),
-FILE a JSON object {"verify": {"1": ms, …}, "draft": {"1": ms, …}} (ms of one decode by tokens
-in it; `homespec doctor --measure` prints this machine's). Speed claims still come from
-`homespec bench`; this says whether a decision change helps at given costs.
+What it does not measure: whether the table is this machine's. `cpu` is the demo pair on the
+2-core box these notes come from (see README), `gpu` a launch-bound tiny pair on one H100
+(issue 8's llama-bench figures), `h100` the demo pair on one H100 as homespec measured it
+in-process, with each step's own work priced too (the Python around the decodes, about a
+millisecond there: STEPS), FILE a JSON object {"verify": {"1": ms, …}, "draft": {"1": ms, …},
+"step": {"plain": ms, "drafting": ms, "lookup": ms, "choice": ms}} (ms of one decode by
+tokens in it; `homespec doctor --measure` prints this machine's; "step", optional, what a step
+costs beyond its decodes, by STEPS' kinds: scripts/step_overhead.py measures it). Speed claims
+still come from `homespec bench`; this says whether a decision change helps at given costs.
 
 `--oracle-horizon` tells the governor how long each answer will run (its plain answer's
 length) from its first token: the ceiling of predicting answer lengths. What `auto` trails the
@@ -55,7 +58,6 @@ from homespec.bench import (
     summarize,
 )
 from homespec.engine import generate as loop
-from homespec.engine import governor, sampling
 from homespec.engine.calibration import agreement
 from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime, generate
@@ -74,11 +76,31 @@ PRESETS: dict[str, dict[str, dict[int, float]]] = {
         "draft": {1: 10.0, 2: 17.0, 8: 40.0, 32: 125.0, 64: 240.0},
     },
     # The same pair on one H100, all layers on the GPU: launch-bound, verifying is about free
+    # (issue 8's llama-bench figures)
     "gpu": {
         "verify": {1: 2.1, 2: 2.15, 4: 2.2, 8: 2.4, 16: 2.7, 32: 3.1, 64: 3.7},
         "draft": {1: 1.08, 2: 1.1, 8: 1.3, 32: 1.9, 64: 2.6},
     },
+    # The same, as homespec measures it in-process (`doctor --measure` on one H100, stop 54):
+    # a one-token decode is a CUDA graph's replay, anything longer is not, so 2 tokens cost
+    # 2.3x one and 4 to 16 about 3x; and each step's own work, from that run's tables
+    # (STEPS below)
+    "h100": {
+        "verify": {1: 1.21, 2: 2.77, 4: 3.42, 8: 3.54, 16: 3.68, 32: 5.08},
+        "draft": {1: 1.07, 8: 3.48, 32: 5.13},
+    },
 }
+# ms a step costs beyond its decodes (homespec's own work), by kind: a step of plain decoding,
+# a drafting step, and what a governed step adds to either: its n-gram lookup, and asking the
+# governor (governor.settled skips that on some steps). On the H100: plain 734 tok/s against a
+# 1.21-ms decode; an answer `auto` ran wholly plain 14% slower than plain (unseen-5's
+# explanation), split as the 2-core box splits it (lookup 32 µs, asking 130); forced lookup's
+# steps about a millisecond past their verify (the shipped code edits). A CPU's 20-ms steps
+# leave these in the noise.
+STEPS: dict[str, dict[str, float]] = {
+    "h100": {"plain": 0.15, "drafting": 1.0, "lookup": 0.06, "choice": 0.22}
+}
+STEP_KINDS = ("plain", "drafting", "lookup", "choice")
 
 
 def cost_table(spec: str) -> dict[str, dict[int, float]]:
@@ -87,6 +109,45 @@ def cost_table(spec: str) -> dict[str, dict[int, float]]:
     raw = json.loads(Path(spec).read_text())
     parts = ("verify", "draft")
     return {part: {int(n): float(ms) for n, ms in raw[part].items()} for part in parts}
+
+
+def step_table(spec: str) -> dict[str, float]:
+    """A preset's STEPS, or a JSON file's optional "step" object ({} : steps cost nothing)."""
+    if spec in PRESETS:
+        return STEPS.get(spec, {})
+    raw = json.loads(Path(spec).read_text()).get("step", {})
+    return {kind: float(raw.get(kind, 0.0)) for kind in STEP_KINDS}
+
+
+def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: list[float]) -> None:
+    """Price each step's own work at `steps` (step_table) on clock[0], and give the governor
+    the same figures as its measured overhead (never this machine's: its Python is not the
+    table's)."""
+    plain, drafting, lookup, asking = (steps.get(k, 0.0) for k in STEP_KINDS)
+    governed = plain + lookup + asking
+    rt.ledger.overhead = {"none": governed, "ngram": governed - plain + drafting}
+    rt.ledger.overhead["model"] = rt.ledger.overhead["ngram"]
+    rt.ledger.observe_step = lambda option, wall_ms: None  # type: ignore[method-assign]
+    extra = [0.0]  # this step's governor work so far
+    started = rt.ledger.step_started
+    choose: Callable[[Inputs], Choice] = vars(loop)["choose"]
+    verify: Callable[..., tuple[int, int]] = vars(loop)["verify"]
+
+    def step_started() -> None:
+        extra[0] = lookup  # a governed step looks up n-grams, and may ask the governor
+        started()
+
+    def asked(inp: Inputs) -> Choice:
+        extra[0] += asking
+        return choose(inp)
+
+    def priced(drafts: list[int], *args: object, **kw: object) -> tuple[int, int]:
+        clock[0] += (drafting if drafts else plain) + extra[0]
+        extra[0] = 0.0
+        return verify(drafts, *args, **kw)
+
+    rt.ledger.step_started = step_started  # type: ignore[method-assign]
+    vars(loop).update(choose=asked, verify=priced)
 
 
 def pin_costs(rt: PairRuntime, table: dict[str, dict[int, float]], clock: list[float]) -> None:
@@ -137,7 +198,9 @@ class Tracer:
         self.lines: list[str] = []
         self.on = False
         self._seen: tuple[Inputs, Choice] | None = None
-        choose, verify = governor.choose, sampling.verify  # what the loop calls
+        # what the loop calls, as pin_steps left them
+        choose: Callable[[Inputs], Choice] = vars(loop)["choose"]
+        verify: Callable[..., tuple[int, int]] = vars(loop)["verify"]
 
         def spy_choose(inp: Inputs) -> Choice:
             choice = choose(inp)
@@ -145,7 +208,7 @@ class Tracer:
             return choice
 
         def spy_verify(drafts: list[int], *args: object, **kw: object) -> tuple[int, int]:
-            kept, following = verify(drafts, *args, **kw)  # type: ignore[arg-type]  # as given
+            kept, following = verify(drafts, *args, **kw)
             if self.on:
                 self._line(len(drafts), kept)
             return kept, following
@@ -210,7 +273,7 @@ def main() -> None:
     ap.add_argument("--workload", type=Path, default=SHIPPED)
     ap.add_argument("--task", help="comma-separated tasks (default: all)")
     ap.add_argument("--modes", default="plain,ngram,model,auto")
-    ap.add_argument("--costs", default="cpu", help="cpu, gpu or a JSON file (see above)")
+    ap.add_argument("--costs", default="cpu", help="cpu, gpu, h100 or a JSON file (see above)")
     ap.add_argument("--pair")
     ap.add_argument("--why", action="store_true", help="print each auto answer's reason")
     ap.add_argument("--trace", action="store_true", help="print every step of each auto answer")
@@ -246,6 +309,7 @@ def main() -> None:
         rt = loaded.runtime
         rt.ledger.agreement = agreement(rt)  # before pin_costs: its decodes are not priced
         pin_costs(rt, cost_table(args.costs), clock)
+        pin_steps(rt, step_table(args.costs), clock)
         tracer = Tracer(rt, clock) if args.trace else None
         length = [0]  # this prompt's answer length, for --oracle-horizon
         if args.oracle_horizon:

@@ -22,12 +22,16 @@ from homespec.engine.governor import (
     PROBE_BELOW,
     PROBE_HORIZON,
     PROBE_MS,
+    SETTLE_BELOW,
+    SETTLE_STEPS,
     Choice,
     Inputs,
     Option,
     choose,
     hand_over,
     next_window,
+    settled,
+    step_ms,
 )
 from homespec.engine.ledger import Ledger
 
@@ -375,3 +379,37 @@ def test_the_window_caps_long_lookup_drafts_only_where_verifying_them_is_dear() 
     # On a flat curve a failed 64-token draft costs less than two plain steps: no cap.
     gpu = replace(cpu, verify=curve(2.1, 0.025))
     assert choose(gpu).k == choose(replace(gpu, ngram_window=MAX_K)).k > 32
+
+
+# The demo pair on one H100 as homespec measured it in-process: a one-token decode replays a
+# CUDA graph, anything longer does not (issue 8's GPU run).
+H100 = CostCurve({1: 1.21, 2: 2.77, 4: 3.42, 8: 3.54, 16: 3.68, 32: 5.08})
+
+
+def test_a_steps_own_work_is_priced_and_lookup_that_pays_on_decodes_alone_may_not() -> None:
+    bare = inputs(H100, ngram=0.7)
+    assert choose(bare).option == "ngram" and choose(bare).speedup > 1.05
+    # Measured: a plain step 0.2 ms beyond its decode, a lookup step 1.5 ms beyond its verify
+    priced = choose(replace(bare, overhead={"none": 0.2, "ngram": 1.5}))
+    assert priced.option == "none" and "n-gram est 0.9" in priced.reason
+    # Only plain's measured: a drafting step is priced as one (it does all a plain step does),
+    # and the same overhead on both sides is a dearer plain step: drafting gains
+    plain_only = replace(bare, overhead={"none": 0.2})
+    assert step_ms(plain_only, "ngram") == step_ms(plain_only, "model") == 0.2
+    assert choose(plain_only).speedup > choose(bare).speedup
+
+
+def test_a_plain_choice_is_settled_only_while_nothing_came_close_and_nothing_matches() -> None:
+    far = choose(replace(inputs(H100, ngram=0.6), overhead={"none": 0.2, "ngram": 1.5}))
+    assert far.option == "none" and 0 < far.rival < SETTLE_BELOW
+    gpu = 0.2 / 1.21  # a plain step's own work over its decode, as on the H100
+    assert settled(far, 1, 0, gpu) and settled(far, SETTLE_STEPS - 1, 0, gpu)
+    assert not settled(far, SETTLE_STEPS, 0, gpu)  # asked again now and then
+    assert not settled(far, 1, 3, gpu)  # a match is always priced
+    assert not settled(None, 0, 0, gpu)  # an answer's first step asks
+    assert not settled(far, 1, 0, 0.3 / 20)  # on a CPU asking costs nothing worth saving
+    close = choose(inputs(H100, ngram=0.65))
+    assert close.option == "none" and close.rival >= SETTLE_BELOW
+    assert not settled(close, 1, 0, gpu)
+    drafting = choose(inputs(H100, ngram=0.8))
+    assert drafting.option == "ngram" and not settled(drafting, 1, 0, gpu)

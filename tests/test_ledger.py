@@ -369,3 +369,22 @@ def test_a_calibration_the_steps_outrun_was_taken_on_a_busy_machine() -> None:
         ledger.observe_verify(1, 10.0)
     assert ledger.calibrated_busy
     assert not Ledger().calibrated_busy  # nothing calibrated: nothing to say
+
+
+def test_a_steps_overhead_is_what_it_took_beyond_the_decodes_observed_in_it() -> None:
+    ledger = Ledger()
+    ledger.observe_verify(1, 9.0)  # a decode of an earlier step: not this one's
+    ledger.step_started()
+    ledger.observe_draft([(1, 1.0), (1, 1.0)])
+    ledger.observe_verify(3, 3.0)
+    ledger.observe_step("model", 5.5)
+    assert ledger.overhead == {"model": pytest.approx(0.5)}
+    ledger.step_started()
+    ledger.observe_verify(1, 1.0)
+    ledger.observe_step("model", 2.5)  # a moving average: one slow step moves it a little
+    assert 0.5 < ledger.overhead["model"] < 1.0
+    ledger.step_started()
+    ledger.observe_verify(1, 1.2)
+    ledger.observe_step("none", 1.0)  # a clock that read short is no negative cost
+    assert ledger.overhead["none"] == 0.0
+    assert ledger.inputs(None, has_model=False, match=0, max_k=8).overhead == ledger.overhead

@@ -10,9 +10,11 @@ import pytest
 from scipy.stats import chisquare
 
 from homespec.cli_common import stats_line
+from homespec.engine import generate as loop
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.governor import SETTLE_STEPS
 from homespec.engine.sampling import Draws, SamplingParams, pick, verify
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec
@@ -250,3 +252,38 @@ def test_a_draft_model_hands_a_copying_answer_over_to_lookup_and_the_output_stay
     assert s.completion_tokens == 1 + s.verify_steps + s.accepted_tokens
     model = rt.ledger.acceptance("copy")["model"]
     assert model.tries[0] > 1  # the draft model's own part was learned from
+
+
+def test_a_governed_step_measures_its_own_work_beyond_its_decodes() -> None:
+    spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0.004), None, NgramDrafter())
+    req = GenerationRequest(prompt="x", max_tokens=26, speculative=False)
+    plain_text, _ = run(rt, req)
+    assert rt.ledger.overhead == {}  # plain decoding is not governed
+    text, s = run(rt, dataclasses.replace(req, speculative=None))
+    assert text == plain_text and s.draft_steps == 0
+    assert set(rt.ledger.overhead) == {"none"}
+    assert 0.0 < rt.ledger.overhead["none"] < 2.0  # the 4-ms decodes are not counted in it
+
+
+# 24 governed steps (the last has no room to draft): asked, then SETTLE_STEPS steps stand
+@pytest.mark.parametrize(("own_share", "asks"), [(0.3, -(-24 // (SETTLE_STEPS + 1))), (0.01, 24)])
+def test_a_settled_plain_choice_skips_the_governor_where_asking_is_dear(
+    monkeypatch: pytest.MonkeyPatch, own_share: float, asks: int
+) -> None:
+    """The alphabet after "x" has no repeat within 26 tokens: lookup never matches and there
+    is no draft model, so every step is plain. Where a step's own work is a good share of a
+    decode (a GPU's), the plain choice stands SETTLE_STEPS steps after each asking; where it is
+    not (a CPU's), every step asks."""
+    spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, NgramDrafter())
+    monkeypatch.setattr(rt.ledger, "own_share", lambda: own_share)
+    asked = []
+    choose = loop.choose
+    monkeypatch.setattr(loop, "choose", lambda inp: asked.append(inp) or choose(inp))
+    req = GenerationRequest(prompt="x", max_tokens=26, speculative=False)
+    plain_text, _ = run(rt, req)
+    assert not asked
+    text, s = run(rt, dataclasses.replace(req, speculative=None))
+    assert text == plain_text and s.draft_steps == 0 and s.verify_steps == 25
+    assert len(asked) == asks and "governor: plain" in s.reason

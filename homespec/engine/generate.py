@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from homespec.engine.chat_text import PROMPT_FORMATS, prompt_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
 from homespec.engine.estimates import MAX_K
-from homespec.engine.governor import Choice, choose, hand_over, next_window
+from homespec.engine.governor import Choice, Option, choose, hand_over, next_window, settled
 from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
@@ -116,6 +116,11 @@ def answer_seed(params: SamplingParams) -> int | None:
 _OPTION_NAMES = {"none": "plain", "ngram": "n-gram", "model": "draft model"}
 
 
+def _option(source: str) -> Option:
+    """The governor's option that a step's proposal `source` ran."""
+    return "ngram" if source == "ngram" else "model" if source == "model" else "none"
+
+
 def _governed(
     rt: PairRuntime,
     task: str | None,
@@ -128,6 +133,7 @@ def _governed(
     generated: int = 0,
     room: int = 0,
     window: int = MAX_K,
+    last: Choice | None = None,
 ) -> tuple[str, Proposal, Choice, int, list[int]]:
     """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
     up first: a match is known before the step), the draft model (when `use_model`), or none.
@@ -135,9 +141,15 @@ def _governed(
     lookup's continuation is worth more than its own next drafts (`hand_over`). `window`:
     the answer's cap on a lookup proposal (governor.next_window). The last
     values: how far behind the history the draft model was (0 unless it drafted), and what
-    lookup had to propose (whichever ran: see learn_unused_match)."""
+    lookup had to propose (whichever ran: see learn_unused_match). `last`: this answer's
+    last choice, which may stand for this step (governor.settled)."""
     ledger = rt.ledger
     match = rt.ngram.propose(history, k, params, draws).tokens
+    if last is not None and settled(
+        last, ledger.steps - ledger.asked_at, len(match), ledger.own_share()
+    ):
+        ledger.chose("none")
+        return "none", Proposal([]), last, 0, match
     draft = rt.draft if use_model else None
     lag = draft.lag(history) if draft else 0
     horizon = ledger.horizon(task, generated, room, lag)
@@ -154,6 +166,7 @@ def _governed(
     )
     choice = choose(inputs)
     ledger.chose(choice.option)
+    ledger.asked_at = ledger.steps
     if choice.option == "ngram":
         if rt.ngram.from_memory:
             choice = replace(choice, reason=choice.reason + "; matched in an earlier request")
@@ -361,7 +374,11 @@ def _steps(
     later_ms = 0.0  # what its catch-ups after its first drafting cost (Ledger.observe_upkeep)
     by_lookup = 0  # answer tokens n-gram steps committed (Ledger.observe_lookup_share)
     window = MAX_K  # lookup's cap in this answer (governor.next_window)
+    governed = decision.drafter == "auto"
     while not done:
+        t_step = time.perf_counter()
+        if governed:
+            ledger.step_started()
         room = min(max_new - stats.completion_tokens, rt.target.n_ctx - len(history)) - 1
         k = step_tokens(decision, room=room, max_outputs=rt.target.n_outputs_max)
         if adapter is not None:
@@ -380,6 +397,7 @@ def _steps(
                 generated=stats.completion_tokens,
                 room=room,
                 window=window,
+                last=last,
             )
             used[source] = used.get(source, 0) + 1
             if source == "model" and used[source] > 1:
@@ -437,6 +455,8 @@ def _steps(
             drafted += stats.completion_tokens - before
         elif source == "ngram":
             by_lookup += stats.completion_tokens - before
+        if governed:  # what the step cost beyond its decodes (governor.step_ms)
+            ledger.observe_step(_option(source), (time.perf_counter() - t_step) * 1000.0)
         if emitted:
             yield emitted
 

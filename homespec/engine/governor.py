@@ -91,6 +91,18 @@ PROBE_MS = 2000.0
 PROBE_HORIZON = 32
 PROBE_BELOW = 1.5
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
+# A plain choice stands, without asking `choose` again, for SETTLE_STEPS steps while lookup has
+# no match and no drafter came within SETTLE_BELOW of plain at the asking (settled), where a
+# step's own work is SETTLE_SHARE or more of a one-token decode. Asking costs the lookup's and
+# the draft model's estimates at every length, about 0.15 ms a step on the 2-core box and on
+# the H100's host alike: an eighth of the GPU's 1.2-ms decode, where an answer `auto` ran
+# wholly plain came 14% slower than plain decoding; most steps of a prose answer have no match
+# (576 of unseen-5's 805). Beside a CPU's 20-ms decode it is a rounding error, and a choice left
+# standing costs more than that: at the CPU's fixed costs a 21-token answer ran 0.81x plain
+# where it had run level, its draft model's catch-up decided four steps late.
+SETTLE_STEPS = 4
+SETTLE_BELOW = 0.8
+SETTLE_SHARE = 0.05
 STRETCH = 0.9  # an untried draft-model position: this times the estimate of the one before it
 # A catch-up is paid for certain and up front, its payback is an estimate over an answer that
 # may end sooner: it is priced at this multiple. (At 1, the demo draft caught up on a 250-token
@@ -114,6 +126,7 @@ class Choice:
     k: int
     speedup: float  # estimated throughput over plain decoding's
     reason: str
+    rival: float = 0.0  # the best option not chosen, its estimate over plain (0: none could run)
 
 
 @dataclass
@@ -145,6 +158,26 @@ class Inputs:
     agreement_measured: bool = False  # the draft model's prior is its measured agreement
     ngram_window: int = MAX_K  # this answer's cap on a lookup proposal (next_window)
     since_plain_ms: float = 0.0  # ms of decoding since a plain step last measured plain's cost
+    # ms a step costs beyond its decodes, by what it ran (Ledger.overhead; see step_ms)
+    overhead: dict[Option, float] = field(default_factory=dict)
+
+
+def step_ms(inp: Inputs, option: Option) -> float:
+    """What a step of `option` costs beyond its decodes, as measured (Ledger.observe_step): the
+    lookup, this choice, checking the drafts, detokenizing what is kept. An option not measured
+    yet is priced as a plain step (a drafting step does all that one does). On a CPU's 20-ms
+    steps it is a rounding error; on a GPU it is not: the demo pair's one-token decode took
+    1.2 ms on one H100 and a governed step a quarter more, and a drafting step 4 or 5 ms where
+    the 6-token verify took 3.4, so lookup drafts kept at 18% ran 0.61x plain (issue 8's GPU
+    run: docs/ARCHITECTURE.md, per-step overhead)."""
+    measured = inp.overhead.get(option)
+    return measured if measured is not None else inp.overhead.get("none", 0.0)
+
+
+def plain_ms(inp: Inputs) -> float | None:
+    """One plain step: a one-token decode and the step's own work (None: nothing measured)."""
+    one = inp.verify.at(1)
+    return None if one is None else one + step_ms(inp, "none")
 
 
 def catch_up_ms(inp: Inputs) -> float:
@@ -196,6 +229,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     behind again, are a cost per token it commits (`upkeep`, measured on the task)."""
     acc = inp.acceptance[option]
     once = relag = upkeep = share = 0.0
+    own = step_ms(inp, option)
     if option == "ngram":
         limit, per_token, fixed = min(inp.ngram_match, inp.max_k), 0.0, inp.ngram_ms
         stretch, window = 1.0, inp.ngram_window
@@ -235,7 +269,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
             return None
         if k > window and cost > cheap:
             break
-        step = cost + fixed + relag * survive + per_token * k
+        step = cost + own + fixed + relag * survive + per_token * k
         span = max(spread, tokens)  # the tokens the catch-up is spread over
         tpm = span / (once + span * (step / tokens + upkeep))
         if best is None or tpm > best.tokens_per_ms:
@@ -246,7 +280,7 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
 
 
 def choose(inp: Inputs) -> Choice:
-    plain_cost = inp.verify.at(1)
+    plain_cost = plain_ms(inp)
     if plain_cost is None or inp.max_k <= 0:
         return Choice("none", 0, 1.0, "governor: plain (nothing measured yet)")
     plain = 1.0 / plain_cost
@@ -305,7 +339,9 @@ def choose(inp: Inputs) -> Choice:
             f"governor: exploring the draft model ({k} tokens)",
         )
     if best is None:
-        return Choice("none", 0, 1.0, "governor: plain, drafting would not pay" + others("none"))
+        rival = max((e.tokens_per_ms / plain for e in options), default=0.0)
+        why = "governor: plain, drafting would not pay" + others("none")
+        return Choice("none", 0, 1.0, why, rival)
     if (
         best.option == "model"
         and inp.since_plain_ms >= PROBE_MS
@@ -335,6 +371,23 @@ def choose(inp: Inputs) -> Choice:
     return Choice(best.option, best.k, best.tokens_per_ms / plain, why)
 
 
+def settled(last: Choice | None, steps_since: int, match: int, own_share: float) -> bool:
+    """Whether this step may run plain on the last choice (`steps_since` steps ago) without
+    asking `choose` again: that one chose plain with every drafter well short of paying
+    (SETTLE_BELOW), lookup has no match now, it was asked less than SETTLE_STEPS steps ago,
+    and a plain step's own work is worth saving (`own_share`: it over a one-token decode, at
+    least SETTLE_SHARE). A draft model that starts to pay, a trial or a re-try waits that many
+    steps at most; a match never waits."""
+    return (
+        own_share >= SETTLE_SHARE
+        and last is not None
+        and last.option == "none"
+        and last.rival < SETTLE_BELOW
+        and match == 0
+        and steps_since < SETTLE_STEPS
+    )
+
+
 def hand_over(inp: Inputs) -> int:
     """Part-way through a draft-model proposal, n-gram lookup has found what follows the
     tokens drafted so far (`ngram_match` tokens; `acceptance` holds its match length's): how
@@ -362,7 +415,7 @@ def _trial(inp: Inputs, rival: float) -> Choice | None:
         return None
     if any(acc.seed_tries):
         return None  # the pair's other tasks measured it: the estimate decides
-    plain_cost = inp.verify.at(1)
+    plain_cost = plain_ms(inp)
     catch_up = catch_up_ms(inp)
     if plain_cost is None or catch_up > TRIAL_SHARE * inp.horizon * plain_cost:
         return None

@@ -33,6 +33,7 @@ UNKNOWN_WAIT = 8  # answer tokens such a task's answer runs before a catch-up is
 # task whose answers are known (see Ledger.horizon's `lag`)
 DEAR_CATCH_UP = 2.0
 SLOWDOWN_ALPHA = 0.2  # weight of one target decode in Ledger.slowdown
+OVERHEAD_ALPHA = 0.1  # weight of one step in Ledger.overhead
 # The machine's slowdown moved less than this factor since a cost was measured: it stands as
 # measured (Ledger._drift). (The curve's shape drifts too: on a 2-core VM one-token decodes went
 # from 14 to 10 ms between runs while 8-token ones went from 27 to 33, so `slowdown` wanders by a
@@ -69,6 +70,7 @@ class Ledger:
     # "predicted@B" for those found in a request's prediction (engine/prediction.py)
     by_task: dict[str | None, dict[str, Acceptance]] = field(default_factory=dict)
     steps: int = 0
+    asked_at: int = 0  # `steps` when choose() last ran (a settled plain choice skips it)
     current: Option = "none"
     last_used: dict[Option, int] = field(default_factory=dict)
     answers: dict[str | None, float] = field(default_factory=dict)  # typical length, by task
@@ -89,6 +91,10 @@ class Ledger:
     # ms of target and draft-model decodes since the last one-token target decode, the one
     # measure of plain decoding's cost (the governor's PROBE_MS)
     since_plain_ms: float = 0.0
+    # ms a governed step costs beyond its decodes, by what it ran (moving averages; see
+    # observe_step), and the decodes' ms of the step under way
+    overhead: dict[Option, float] = field(default_factory=dict)
+    step_decodes_ms: float = 0.0
 
     @property
     def calibrated_busy(self) -> bool:
@@ -368,6 +374,7 @@ class Ledger:
         for n, ms in decodes:
             self.draft.observe(n, ms)
             self.since_plain_ms += ms
+            self.step_decodes_ms += ms
         if decodes:
             self.draft_ref = self.slowdown
 
@@ -376,10 +383,31 @@ class Ledger:
         machine runs now against the calibration's quiet cost at that size (`slowdown`)."""
         self.verify.observe(n, ms)
         self.since_plain_ms = 0.0 if n == 1 else self.since_plain_ms + ms
+        self.step_decodes_ms += ms
         quiet = self.quiet.at(n)
         if quiet:
             self.slowdown = (1 - SLOWDOWN_ALPHA) * self.slowdown + SLOWDOWN_ALPHA * ms / quiet
             self.verify_ref[n] = self.slowdown
+
+    def observe_step(self, option: Option, wall_ms: float) -> None:
+        """A governed step that ran `option` took `wall_ms` from its choice to its tokens'
+        commit: what it cost beyond the decodes observed since the last step (the lookup,
+        the governor, checking the drafts, detokenizing) goes into `overhead`. A millisecond
+        on a GPU's 1.2 ms steps, unpriced, made drafting that kept one token in five look
+        like a win there (see governor.step_ms)."""
+        beyond = max(0.0, wall_ms - self.step_decodes_ms)
+        self.step_decodes_ms = 0.0
+        old = self.overhead.get(option)
+        self.overhead[option] = beyond if old is None else old + OVERHEAD_ALPHA * (beyond - old)
+
+    def own_share(self) -> float:
+        """A plain step's own work over a one-token decode (0: either not measured yet)."""
+        one = self.verify.at(1)
+        return self.overhead.get("none", 0.0) / one if one else 0.0
+
+    def step_started(self) -> None:
+        """A step begins: the decodes observed from here on are its own (observe_step)."""
+        self.step_decodes_ms = 0.0
 
     def verify_curve(self) -> CostCurve:
         """The target's costs as they are likely now: each size as last measured, scaled by
@@ -453,6 +481,7 @@ class Ledger:
             self.agreement is not None,
             ngram_window,
             self.since_plain_ms,
+            dict(self.overhead),
         )
 
 
