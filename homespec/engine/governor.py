@@ -169,7 +169,7 @@ def step_ms(inp: Inputs, option: Option) -> float:
     steps it is a rounding error; on a GPU it is not: the demo pair's one-token decode took
     1.2 ms on one H100 and a governed step a quarter more, and a drafting step 4 or 5 ms where
     the 6-token verify took 3.4, so lookup drafts kept at 18% ran 0.61x plain (issue 8's GPU
-    run: docs/ARCHITECTURE.md, per-step overhead)."""
+    run: docs/ARCHITECTURE.md, a step's own work)."""
     measured = inp.overhead.get(option)
     return measured if measured is not None else inp.overhead.get("none", 0.0)
 
