@@ -9,12 +9,14 @@ sampling, detokenizing) decides whether `auto` can keep up with plain decoding. 
 same copy-heavy prompt (a source file to return with one line added, so n-gram drafts grow to
 dozens of tokens) at a short and at a long context, in-process: plain, n-gram lookup forced
 to NGRAM_K tokens a step (the same work in every run, for before/after comparisons) and
-`auto` (whatever the governor chooses on this machine), and reports
-per step after the first token: the time inside llama_decode (target and draft) and the rest,
-which is homespec's; and, once per request, homespec's setup before the first token (chat
-template, tokenizing, n-gram indexing; the prompt's decode not counted). On a CPU the decodes
-dominate; the rest is what matters on a GPU. Each row is the lowest of --repeat runs (a noisy
-neighbour only ever adds time).
+`auto` (whatever the governor chooses on this machine), and reports per step after the first
+token: the time inside llama.cpp's decodes (target and draft, with the wait for their
+results: on a GPU llama_decode only queues the work, and the first H100 run, timing
+llama_decode alone, put about a millisecond of a plain step's GPU time in homespec's column)
+and the rest, which is homespec's; and, once per request, homespec's setup before the first
+token (chat template, tokenizing, n-gram indexing; the prompt's decode not counted). On a CPU
+the decodes dominate; the rest is what matters on a GPU. Each row is the lowest of --repeat
+runs (a noisy neighbour only ever adds time).
 """
 
 from __future__ import annotations
