@@ -125,8 +125,8 @@ def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: list[float]) -> N
     table's)."""
     plain, drafting, lookup, asking = (steps.get(k, 0.0) for k in STEP_KINDS)
     governed = plain + lookup + asking
-    rt.ledger.overhead = {"none": governed, "ngram": governed - plain + drafting}
-    rt.ledger.overhead["model"] = rt.ledger.overhead["ngram"]
+    drafts = governed - plain + drafting
+    rt.ledger.overhead = {"none": governed, "ngram": drafts, "model": drafts}
     rt.ledger.observe_step = lambda option, wall_ms: None  # type: ignore[method-assign]
     extra = [0.0]  # this step's governor work so far
     started = rt.ledger.step_started

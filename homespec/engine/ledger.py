@@ -391,12 +391,11 @@ class Ledger:
 
     def observe_step(self, option: Option, wall_ms: float) -> None:
         """A governed step that ran `option` took `wall_ms` from its choice to its tokens'
-        commit: what it cost beyond the decodes observed since the last step (the lookup,
+        commit: what it cost beyond the decodes observed since `step_started` (the lookup,
         the governor, checking the drafts, detokenizing) goes into `overhead`. A millisecond
         on a GPU's 1.2 ms steps, unpriced, made drafting that kept one token in five look
         like a win there (see governor.step_ms)."""
         beyond = max(0.0, wall_ms - self.step_decodes_ms)
-        self.step_decodes_ms = 0.0
         old = self.overhead.get(option)
         self.overhead[option] = beyond if old is None else old + OVERHEAD_ALPHA * (beyond - old)
 
