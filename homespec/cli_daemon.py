@@ -80,6 +80,11 @@ def _uptime(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+def _ms(ms: float) -> str:
+    """A cost in ms to three figures (a GPU's decodes cost about one; a CPU's tens)."""
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
 def _memory(p: dict[str, Any]) -> str:
     planned = p.get("memory_planned") or {}
     target = sum(d["target"] for d in planned.values())
@@ -182,16 +187,19 @@ def status(url: str | None, as_json: bool) -> None:
             click.echo(f"{'':<14} threads: {engine['threads']} ({engine['threads_reason']})")
         costs = p.get("costs") or {}
         if costs.get("verify_ms"):
-            curve = ", ".join(f"{n}→{ms:.0f}" for n, ms in costs["verify_ms"].items())
+            curve = ", ".join(f"{n}→{_ms(ms)}" for n, ms in costs["verify_ms"].items())
             click.echo(f"{'':<14} costs: target decode ms by tokens {curve}")
         if costs.get("draft_ms"):
-            batches = ", ".join(f"{n}→{ms:.0f}" for n, ms in costs["draft_ms"].items())
+            batches = ", ".join(f"{n}→{_ms(ms)}" for n, ms in costs["draft_ms"].items())
             click.echo(f"{'':<14}        draft decode ms by tokens {batches}")
         if costs.get("draft_agreement") is not None:
             agree = costs["draft_agreement"]
             click.echo(
                 f"{'':<14}        draft agrees with the target on {agree:.0%} of next tokens"
             )
+        if costs.get("step_overhead_ms"):
+            own = ", ".join(f"{k} {ms:.2f}" for k, ms in costs["step_overhead_ms"].items())
+            click.echo(f"{'':<14}        homespec's own work a step beyond its decodes, ms: {own}")
         for role, v in (p.get("repack") or {}).items():
             if v.get("note"):
                 click.echo(f"{'':<14} {role}: {v['note']}")

@@ -326,6 +326,18 @@ def render_plan_table(p: PairPlan) -> list[str]:
 DEAR_CATCH_UP = 0.5
 
 
+def own_work(costs: dict[str, Any]) -> str:
+    """What a step costs beyond its decodes, by what it ran, and a plain step's share of a
+    one-token decode: on a GPU's 1-ms decodes it is what decides whether drafting can pay
+    (governor.step_ms, settled)."""
+    own = costs.get("step_overhead_ms") or {}
+    parts = [f"{name} {ms:.2f} ms" for name, ms in own.items()]
+    one = (costs.get("verify_ms") or {}).get("1")
+    if "plain" in own and one:
+        parts[list(own).index("plain")] += f" ({own['plain'] / one:.0%} of a one-token decode)"
+    return ", ".join(parts)
+
+
 def catch_up_note(costs: dict[str, Any], draft_type: str) -> str | None:
     """What the draft model's catch-ups cost where that keeps it off answers, from the
     largest decode both curves measured; None where it catches up cheaply (a GPU, or a
@@ -387,6 +399,10 @@ def render_pair(r: PairReport) -> list[str]:
             agree = r.costs["draft_agreement"]
             lines.append(
                 f"          the draft model agrees with the target on {agree:.0%} of next tokens"
+            )
+        if r.costs.get("step_overhead_ms"):
+            lines.append(
+                f"          homespec's own work a step beyond its decodes: {own_work(r.costs)}"
             )
         draft_type = r.models.get("draft", {}).get("quantization", "")
         if note := catch_up_note(r.costs, draft_type):

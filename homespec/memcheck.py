@@ -1,7 +1,7 @@
 """`python -m homespec.memcheck MANIFEST PAIR`: load a pair, fill its contexts, and print as JSON
 predicted vs measured memory and the governor's calibrated costs (ms of one target decode by
-tokens in it, ms per draft-model token). Run by `homespec doctor --measure` in a fresh process
-per pair."""
+tokens in it, ms per draft-model token; ms of homespec's own work a step, from two short
+answers). Run by `homespec doctor --measure` in a fresh process per pair."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import json
 import sys
 from typing import Any
 
-from homespec.engine.calibration import calibrate
+from homespec.engine.calibration import calibrate, measure_steps
+from homespec.engine.child import costs_now
 from homespec.engine.estimates import cost_report
 from homespec.engine.loader import LoadedPair, load_pair
 from homespec.manifest import load_manifest
@@ -45,9 +46,12 @@ def main(argv: list[str]) -> int:
     manifest = load_manifest(manifest_path)
     with load_pair(manifest, pair, measure_peak=True, huge_pages="now") as loaded:
         rows = memory_rows(loaded)
-        calibrate(loaded.runtime)
-        ledger = loaded.runtime.ledger
-        costs = cost_report(ledger.verify.points, ledger.draft.points, ledger.agreement)
+        rt = loaded.runtime
+        calibrate(rt)
+        verify, draft = dict(rt.ledger.verify.points), dict(rt.ledger.draft.points)
+        measure_steps(rt)  # homespec's own work per step, after the decodes' costs are taken
+        step_ms = costs_now(rt.ledger).step_ms
+        costs = cost_report(verify, draft, rt.ledger.agreement, step_ms)
         print(json.dumps({"memory": rows, "costs": costs}))
     return 0
 

@@ -15,10 +15,12 @@ from homespec.engine.calibration import (
     agreement,
     calibrate,
     decode_costs,
+    measure_steps,
     one_at_a_time,
     uneven,
 )
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
+from homespec.engine.estimates import VERIFY_SIZES
 from homespec.engine.generate import PairRuntime
 from homespec.engine.protocol import (
     AttachDraft,
@@ -64,6 +66,21 @@ def test_calibration_sets_costs_and_the_draft_models_prior_and_leaves_the_caches
     assert rt.ledger.quiet.points == rt.ledger.verify.points
     assert rt.ledger.slowdown == rt.ledger.draft_ref == 1.0
     assert rt.ledger.verify_ref == dict.fromkeys(rt.ledger.verify.points, 1.0)
+
+
+def test_measure_steps_finds_each_options_own_work_and_teaches_nothing() -> None:
+    """doctor --measure's two short answers: a question (plain steps on the fake) and a text
+    to repeat (n-gram lookup drafts it from the prompt) leave what a step costs beyond its
+    decodes in the ledger, by option, and no acceptance, answer length or memory behind."""
+    rt = runtime(4)
+    calibrate(rt)
+    measure_steps(rt)
+    assert {"none", "ngram"} <= set(rt.ledger.overhead)
+    assert all(ms >= 0 for ms in rt.ledger.overhead.values())
+    tables = rt.ledger.by_task.values()
+    assert not any(acc.tries[0] for table in tables for acc in table.values())
+    assert rt.ledger.answers == {} and rt.ledger.shares == {}
+    assert rt.target.tokens == []
 
 
 def test_a_pair_without_a_draft_model_measures_no_agreement() -> None:
@@ -157,6 +174,26 @@ def test_costs_measured_on_a_busy_machine_are_measured_again_between_requests(
         assert again.info.verify_ms[1] < busy / 2
         answer("b")  # its steps run as measured now: nothing more
         answer("c")
+
+
+def test_each_finished_request_carries_the_costs_the_governor_prices_now(
+    tmp_path: Path,
+) -> None:
+    """The engine program over the fake target: a governed request's Finished holds the
+    decode costs at calibration's sizes as they are now, and what each option's steps cost
+    beyond their decodes (the daemon's status shows the latest)."""
+    with fake_engine(tmp_path, {"HOMESPEC_FAKE_DECODE_S": "0.002"}) as conn:
+        req = GenerationRequest(messages=[Message("user", "hello there")], max_tokens=24)
+        conn.send(Generate("a", req, 10.0, True))
+        for _ in range(100):
+            assert conn.poll(30), "the engine said nothing for 30 s"
+            if isinstance(msg := conn.recv(), Finished):
+                break
+        assert isinstance(msg, Finished) and msg.stats is not None, msg
+        assert msg.costs is not None
+        assert set(msg.costs.verify_ms) <= set(VERIFY_SIZES) and msg.costs.verify_ms[1] > 0
+        assert "plain" in msg.costs.step_ms and msg.costs.step_ms["plain"] >= 0
+        assert set(msg.costs.step_ms) <= {"plain", "n-gram", "draft model"}
 
 
 def test_engines_of_one_machine_measure_one_after_another(tmp_path: Path) -> None:

@@ -236,9 +236,15 @@ def test_metrics_parse_with_prometheus_client(daemon: Daemon) -> None:
 def test_status_and_report_cli_against_the_live_daemon(daemon: Daemon) -> None:
     runner = CliRunner()
     assert daemon.post(CHAT, {"messages": user("hi"), "n": 3}).status_code == 400
+    for _ in range(3):  # this test's own requests (the fixture's daemon serves the module's)
+        body = {"messages": user("hi"), "max_tokens": 4, "task": "qa"}
+        assert daemon.post(CHAT, body).status_code == 200
     r = runner.invoke(cli, ["status", "--url", daemon.url])
     assert r.exit_code == 0, r.output
     assert "smollm2" in r.stdout and "speculative" in r.stdout and "MiB" in r.stdout
+    # The costs as the last request left them, homespec's own work per step among them
+    assert "costs: target decode ms by tokens 1→" in r.stdout
+    assert "homespec's own work a step beyond its decodes, ms: plain " in r.stdout
     assert "refused before running (not in the request log):" in r.stdout
     assert "× 400 (invalid request)" in r.stdout
     r = runner.invoke(cli, ["status", "--url", daemon.url, "--json"])

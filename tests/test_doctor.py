@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from homespec.doctor import PairReport, catch_up_note, render_pair
+from homespec.doctor import PairReport, catch_up_note, own_work, render_pair
 from homespec.manifest import Manifest
 from homespec.paths import cache_dir
 
@@ -187,6 +187,9 @@ def test_prediction_within_15_percent_of_measured_memory(demo_manifest: Manifest
     # and how often the draft predicts the target's next token: the demo draft is the target's
     # own model quantized to 4 bits, so nearly always
     assert 0.8 <= found["costs"]["draft_agreement"] <= 1.0
+    # and homespec's own work a step, from a plain answer and one n-gram lookup drafts
+    own = found["costs"]["step_overhead_ms"]
+    assert own["plain"] > 0 and own["n-gram"] > 0
 
 
 def test_a_pair_never_set_up_is_one_line_not_a_failure(
@@ -236,6 +239,17 @@ def test_a_draft_that_catches_up_dearly_is_said_so_with_its_figures() -> None:
     # Nothing measured for the draft model (an n-gram pair), or only one-token decodes.
     assert catch_up_note({"verify_ms": {"1": 20.0, "8": 40.0}}, "") is None
     assert catch_up_note({"verify_ms": {"1": 20.0}, "draft_ms": {"1": 7.5}}, "Q4_1") is None
+
+
+def test_doctor_says_homespecs_own_work_a_step_and_a_plain_steps_share_of_a_decode() -> None:
+    costs = {"verify_ms": {"1": 1.2}, "step_overhead_ms": {"plain": 0.24, "n-gram": 1.0}}
+    assert own_work(costs) == "plain 0.24 ms (20% of a one-token decode), n-gram 1.00 ms"
+    report = PairReport(name="p", status=0)
+    report.costs = costs
+    assert (
+        "          homespec's own work a step beyond its decodes: plain 0.24 ms (20%"
+        in "\n".join(render_pair(report))
+    )
 
 
 def test_doctor_renders_the_catch_up_note_under_the_costs() -> None:

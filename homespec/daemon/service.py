@@ -491,7 +491,7 @@ class Daemon:
                 "draft_loaded": info.draft_loaded,
                 "load_ms": {role: round(ms) for role, ms in info.load_ms.items()},
             }
-            out["costs"] = cost_report(info.verify_ms, info.draft_ms, info.agreement)
+            out["costs"] = cost_report(info.verify_ms, info.draft_ms, info.agreement, info.step_ms)
             out["repack"] = {
                 role: {"repack": v.repack, "source": v.source, "note": v.note or None}
                 for role, v in info.repack.items()

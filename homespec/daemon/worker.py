@@ -142,6 +142,11 @@ class PairWorker:
             stream = self._streams.get(msg.rid)
             if stream is not None:
                 stream.put_nowait(msg)
+            if isinstance(msg, Finished) and msg.costs and self.info:  # status shows them
+                c = msg.costs
+                self.info = replace(
+                    self.info, verify_ms=c.verify_ms, draft_ms=c.draft_ms, step_ms=c.step_ms
+                )
         elif isinstance(msg, Counted):
             fut = self._counts.pop(msg.qid, None)
             if fut is not None and not fut.done():

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from homespec.engine.chat_text import chat_tokens
-from homespec.engine.estimates import CostCurve
-from homespec.engine.generate import PairRuntime
+from homespec.engine.estimates import DRAFT_SIZES, VERIFY_SIZES, CostCurve
+from homespec.engine.generate import PairRuntime, complete
 from homespec.engine.target import Target
-from homespec.engine.types import Message
+from homespec.engine.types import GenerationRequest, Message
 from homespec.errors import HomespecError
 from homespec.paths import cache_dir
 
@@ -162,7 +162,7 @@ def one_at_a_time(path: Path | None, timeout_s: float = LOCK_WAIT_S) -> Iterator
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> None:
+def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> None:
     """`measure`, one engine of this machine at a time (see one_at_a_time)."""
     try:
         lock: Path | None = cache_dir() / LOCK_NAME
@@ -178,7 +178,7 @@ def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) ->
         measure(rt, sizes)
 
 
-def measure(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> None:
+def measure(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> None:
     """Measure this machine's cost of one target decode of n tokens for a few n, and of a
     draft-model decode of 1, 8 and 32 tokens (a draft catching up on history decodes a batch),
     on a scratch sequence, and the draft model's agreement with the target; the governor starts
@@ -193,7 +193,7 @@ def measure(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> N
     rt.ledger.slowdown = 1.0  # as fast as the quiet curve, by definition
     rt.ledger.verify_ref = dict.fromkeys(rt.ledger.verify.points, 1.0)
     if rt.draft is not None:
-        rt.ledger.draft.points.update(decode_costs(rt.draft.ctx, base, filler, (1, 8, 32), False))
+        rt.ledger.draft.points.update(decode_costs(rt.draft.ctx, base, filler, DRAFT_SIZES, False))
         rt.ledger.draft_ref = 1.0
         rt.ledger.agreement = agreement(rt)
     LOG.info(
@@ -204,3 +204,18 @@ def measure(rt: PairRuntime, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> N
         None if rt.ledger.draft_ms is None else round(rt.ledger.draft_ms, 2),
         "—" if rt.ledger.agreement is None else f"{rt.ledger.agreement:.0%}",
     )
+
+
+def measure_steps(rt: PairRuntime, max_tokens: int = 48) -> None:
+    """Two short governed answers, so that the ledger holds what a step costs beyond its
+    decodes (Ledger.overhead; doctor --measure shows it): AGREEMENT_CHAT's question (plain
+    steps, or the draft model's where it pays) and its answer to repeat (n-gram lookup finds
+    it in the prompt). Nothing is learned or remembered; leaves the caches empty."""
+    question, answer = AGREEMENT_CHAT
+    repeat = Message("user", f"Repeat this text exactly:\n\n{answer.content}")
+    for chat in ([question], [repeat]):
+        req = GenerationRequest(
+            chat, max_tokens=max_tokens, temperature=0.0, learn=False, remember=False
+        )
+        complete(rt, req)
+    rt.clear_caches()

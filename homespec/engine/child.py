@@ -38,9 +38,12 @@ from typing import Protocol
 from homespec import heap
 from homespec.engine.calibration import calibrate
 from homespec.engine.crashsite import CrashSite
+from homespec.engine.estimates import DRAFT_SIZES, VERIFY_SIZES, sampled
 from homespec.engine.generate import PairRuntime, generate_steps
+from homespec.engine.governor import OPTION_NAMES
 from homespec.engine.learned import restore as restore_learned
 from homespec.engine.learned import save as save_learned
+from homespec.engine.ledger import Ledger
 from homespec.engine.loader import (
     Held,
     LoadedPair,
@@ -54,6 +57,7 @@ from homespec.engine.policy import serving_mode
 from homespec.engine.protocol import (
     AttachDraft,
     Cancel,
+    Costs,
     Counted,
     CountPrompt,
     DetachDraft,
@@ -93,6 +97,16 @@ def failure(exc: BaseException) -> Failure:
     return Failure("EngineError", f"{type(exc).__name__}: {exc}", "a bug: see the daemon's log")
 
 
+def costs_now(ledger: Ledger) -> Costs:
+    """What the governor prices now (Costs): its curves where calibration measured them, as
+    drifted since with the machine's speed, and each option's own work per step."""
+    return Costs(
+        sampled(ledger.verify_curve(), VERIFY_SIZES),
+        sampled(ledger.draft_curve(), DRAFT_SIZES),
+        {name: ledger.overhead[o] for o, name in OPTION_NAMES.items() if o in ledger.overhead},
+    )
+
+
 def describe(
     rt: PairRuntime,
     plan: PairPlan,
@@ -110,6 +124,7 @@ def describe(
         draft_unavailable_reason=rt.draft_unavailable_reason,
         plain_only_reason=rt.plain_only_reason,
     )
+    costs = costs_now(rt.ledger)
     return EngineInfo(
         pid=os.getpid(),
         plan=plan,
@@ -128,9 +143,10 @@ def describe(
         repack=dict(held.repack) if held else {},
         load_ms=dict(held.load_ms) if held else {},
         pages=dict(held.settled) if held else {},
-        verify_ms=dict(rt.ledger.verify.points),
-        draft_ms=dict(rt.ledger.draft.points),
+        verify_ms=costs.verify_ms,
+        draft_ms=costs.draft_ms,
         agreement=rt.ledger.agreement,
+        step_ms=costs.step_ms,
         prompt_note=rt.target.model.template_problem(),
     )
 
@@ -289,7 +305,8 @@ class Engine:
                         self.send(Finished(rid, None, cancelled=True))
                         return
                     if isinstance(item, GenerationStats):
-                        self.send(Finished(rid, item, chunks=held))
+                        costs = costs_now(self.session.runtime.ledger)
+                        self.send(Finished(rid, item, chunks=held, costs=costs))
                         continue
                     held += item
                     now = time.monotonic()

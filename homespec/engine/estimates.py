@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_K = 64
+VERIFY_SIZES = (1, 2, 4, 8, 16, 32)  # target decodes calibration measures (status shows them)
+DRAFT_SIZES = (1, 8, 32)  # draft-model decodes (a catch-up on history decodes a batch)
 PRIOR = 0.6  # draft-model acceptance before anything was measured (n-grams: MATCH_PRIORS)
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior
 MIN_REACH = 8  # drafts may always be this long; longer only REACH_GROWTH × the deepest tried
@@ -82,18 +84,31 @@ class CostCurve:
         return max(0.0, y0 + (y1 - y0) * (n - lo) / (hi - lo))
 
 
+def sampled(curve: CostCurve, sizes: tuple[int, ...]) -> dict[int, float]:
+    """The curve at `sizes` up to its largest measured one (real steps add a point at every
+    size they decode: a report of all of them would run to dozens)."""
+    top = max(curve.points, default=0)
+    return {n: ms for n in sizes if n <= top and (ms := curve.at(n)) is not None}
+
+
 def cost_report(
-    verify: dict[int, float], draft: dict[int, float], agreement: float | None = None
+    verify: dict[int, float],
+    draft: dict[int, float],
+    agreement: float | None = None,
+    step_ms: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Measured costs as status and doctor show them (JSON): ms of one target decode and of
-    one draft-model decode by tokens in it, ms per draft-model token, and the share of next
-    tokens on which the draft model agreed with the target at calibration."""
+    one draft-model decode by tokens in it, ms per draft-model token, the share of next
+    tokens on which the draft model agreed with the target at calibration, and what a step
+    costs beyond its decodes by what it ran (homespec's own work: the lookup, the governor,
+    checking drafts, detokenizing; governor.step_ms prices it)."""
     per_token = CostCurve(dict(draft)).at(1)
     return {
         "verify_ms": {str(n): round(ms, 2) for n, ms in sorted(verify.items())},
         "draft_ms_per_token": None if per_token is None else round(per_token, 2),
         "draft_ms": {str(n): round(ms, 2) for n, ms in sorted(draft.items())},
         "draft_agreement": None if agreement is None else round(agreement, 3),
+        "step_overhead_ms": {name: round(ms, 3) for name, ms in (step_ms or {}).items()},
     }
 
 

@@ -22,7 +22,15 @@ from dataclasses import dataclass, field, replace
 from homespec.engine.chat_text import PROMPT_FORMATS, prompt_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
 from homespec.engine.estimates import MAX_K
-from homespec.engine.governor import Choice, Option, choose, hand_over, next_window, settled
+from homespec.engine.governor import (
+    OPTION_NAMES,
+    Choice,
+    Option,
+    choose,
+    hand_over,
+    next_window,
+    settled,
+)
 from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
@@ -111,9 +119,6 @@ def answer_seed(params: SamplingParams) -> int | None:
     if params.greedy:
         return None
     return params.seed if params.seed is not None else secrets.randbits(32)
-
-
-_OPTION_NAMES = {"none": "plain", "ngram": "n-gram", "model": "draft model"}
 
 
 def _option(source: str) -> Option:
@@ -461,7 +466,7 @@ def _steps(
             yield emitted
 
     if decision.drafter == "auto" and last is not None:
-        steps = ", ".join(f"{_OPTION_NAMES[o]} {n}" for o, n in sorted(used.items()))
+        steps = ", ".join(f"{OPTION_NAMES[o]} {n}" for o, n in sorted(used.items()))
         if handovers:
             steps += f" ({handovers} of the draft model's finished by n-gram lookup)"
         stats.reason = f"{said}; last step: {last.reason}; steps: {steps}"

@@ -41,6 +41,7 @@ from homespec.engine.estimates import (
 )
 
 Option = Literal["none", "ngram", "model"]
+OPTION_NAMES: dict[str, str] = {"none": "plain", "ngram": "n-gram", "model": "draft model"}
 EXPLORE_EVERY = 32  # steps after the draft model's last use before it is re-tried
 EXPLORE_K = 3
 EXPLORE_MAX_LAG = 8  # tokens a draft model may lag behind and still be explored
@@ -453,7 +454,7 @@ def _task(task: str | None) -> str:
 
 
 def _name(option: Option) -> str:
-    return {"none": "plain", "ngram": "n-gram", "model": "draft model"}[option]
+    return OPTION_NAMES[option]
 
 
 def next_window(window: int, proposed: int, kept: int) -> int:

@@ -113,7 +113,20 @@ class EngineInfo:
     verify_ms: dict[int, float] = field(default_factory=dict)
     draft_ms: dict[int, float] = field(default_factory=dict)
     agreement: float | None = None  # the draft model's with the target, measured at load
+    step_ms: dict[str, float] = field(default_factory=dict)  # see Costs
     prompt_note: str = ""  # the target's chat template is not rendered as written, and why
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The governor's costs as it prices them after a request (they move with every step):
+    ms of one target decode and of one draft-model decode by tokens in it, at the sizes
+    calibration measures, and ms a step costs beyond its decodes, by what it ran ("plain",
+    "n-gram", "draft model"). The daemon's status shows the latest."""
+
+    verify_ms: dict[int, float]
+    draft_ms: dict[int, float]
+    step_ms: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -170,6 +183,7 @@ class Finished:
     failure: Failure | None = None
     cancelled: bool = False
     chunks: list[Chunk] = field(default_factory=list)  # the last ones, not yet sent in `Steps`
+    costs: Costs | None = None  # after a request that ran
 
 
 @dataclass(frozen=True)
