@@ -435,8 +435,9 @@ def test_unknown_model_is_a_404_listing_pairs_when_the_manifest_says_so(tmp_path
 
 
 def test_what_the_governor_learned_survives_a_daemon_restart(tmp_path: Path) -> None:
-    """Acceptance per task is saved in the state dir after each request (whole file, renamed
-    into place) and restored when the pair's engine starts again."""
+    """Acceptance per task is saved in the state dir once the engine is idle (whole file,
+    renamed into place; not on the way of the next request) and at a stop, and restored when
+    the pair's engine starts again."""
     body = {
         "messages": [{"role": "user", "content": "forever the governor learns."}],
         "max_tokens": 60,
@@ -445,16 +446,22 @@ def test_what_the_governor_learned_survives_a_daemon_restart(tmp_path: Path) -> 
     d = fake_daemon(tmp_path, env={"HOMESPEC_FAKE_DECODE_S": "0"})
     try:
         assert d.post(CHAT, body).status_code == 200
+        deadline = time.monotonic() + 10  # written half a second after the engine went idle
+        while not list(d.state_dir.glob("governor-smollm2-*.json")):
+            assert time.monotonic() < deadline, "not written while the daemon runs"
+            time.sleep(0.05)
+        body["task"] = "prose"
+        assert d.post(CHAT, body).status_code == 200
     finally:
-        d.stop()
+        d.stop()  # the second request's learning is written at the stop, if not before
     files = list(d.state_dir.glob("governor-smollm2-*.json"))
     assert len(files) == 1, list(d.state_dir.iterdir())
     state = json.loads(files[0].read_text())
-    assert "code" in state["tasks"] and not list(d.state_dir.glob(".*.tmp"))
+    assert {"code", "prose"} <= set(state["tasks"]) and not list(d.state_dir.glob(".*.tmp"))
     assert state["answers"]["code"] >= 60  # how long the task's answers run, kept too
     again = fake_daemon(tmp_path, env={"HOMESPEC_FAKE_DECODE_S": "0"})
     try:
-        assert "governor: acceptance for 1 task(s) restored from" in again.log()
+        assert "governor: acceptance for 2 task(s) restored from" in again.log()
     finally:
         again.stop()
 
