@@ -11,7 +11,8 @@
 # Writes gpu.txt (the card), doctor.txt (the measured decode costs: is the curve flat?),
 # compare.txt (the table, and under it auto against plain, the best forced mode and the best
 # llama-server configuration per task), the servers' logs and step_overhead.txt (homespec's
-# own µs per step outside llama_decode: at 700+ tok/s a millisecond matters),
+# own µs per step outside llama_decode: at 700+ tok/s a millisecond matters), hop.txt (plain
+# decoding in-process, through the engine child alone and through the daemon: what its hop costs),
 # unseen-N.txt (every mode on each of scripts/workloads/, in-process; UNSEEN picks the files),
 # conversations.txt (chats taking turns with the prompt cache on and off) and prediction.txt
 # (what a client's prediction is worth: scripts/prediction_bench.py) into $OUT (the
@@ -51,7 +52,8 @@ say "measured decode costs (doctor --measure)"
 # Exit 1 or 2 is a degraded or impossible plan: the report says which, and the tables below
 # show what runs; nothing to stop for.
 "$PY" -m homespec doctor --measure >"$DEST/doctor.txt" 2>&1 || true
-grep -E '^pair|GPUs|  (plan|costs|measured) |^ {10}(one|the)|^    (target|draft) ' "$DEST/doctor.txt" || true
+grep -E '^pair|GPUs|  (plan|costs|measured) |^ {10}(one|the|homespec)|^    (target|draft) ' \
+  "$DEST/doctor.txt" || true
 
 # The tables first: device time is short, and what a timeout cuts should be the extra.
 say "homespec (in-process modes and daemon) against llama-server"
@@ -60,6 +62,10 @@ LLAMA_SERVER_BIN=$SERVER GPU_LAYERS=${GPU_LAYERS:-999} \
   2>"$DEST/compare.log" | tee "$DEST/compare.txt" \
   || say "the compare failed: see $DEST/compare.log"
 
+say "the daemon's hop on the card (hop_bench.py: plain decoding in-process, engine child, daemon)"
+# Its short answers ran 0.73x homespec plain in the first H100 run: which layer takes the time
+"$PY" scripts/hop_bench.py --repeat 3 --json "$DEST/hop.json" 2>"$DEST/hop.log" \
+  | tee "$DEST/hop.txt" || say "hop_bench.py failed: see $DEST/hop.log"
 say "homespec's own time per step outside llama_decode (step_overhead.py)"
 "$PY" scripts/step_overhead.py --json "$DEST/step_overhead.json" 2>&1 \
   | tee "$DEST/step_overhead.txt" || say "step_overhead.py failed: see $DEST/step_overhead.txt"
@@ -80,4 +86,4 @@ say "a client's prediction on the card (prediction_bench.py: regenerated answers
 "$PY" scripts/prediction_bench.py --repeat 1 --json "$DEST/prediction.json" \
   2>"$DEST/prediction.log" | tee "$DEST/prediction.txt" \
   || say "prediction_bench.py failed: see $DEST/prediction.log"
-say "wrote $DEST: gpu.txt doctor.txt compare.txt compare.log step_overhead.txt unseen-*.txt conversations.txt prediction.txt"
+say "wrote $DEST: gpu.txt doctor.txt compare.txt compare.log hop.txt step_overhead.txt unseen-*.txt conversations.txt prediction.txt"

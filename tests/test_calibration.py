@@ -71,8 +71,11 @@ def test_calibration_sets_costs_and_the_draft_models_prior_and_leaves_the_caches
 def test_measure_steps_finds_each_options_own_work_and_teaches_nothing() -> None:
     """doctor --measure's two short answers: a question (plain steps on the fake) and a text
     to repeat (n-gram lookup drafts it from the prompt) leave what a step costs beyond its
-    decodes in the ledger, by option, and no acceptance, answer length or memory behind."""
-    rt = runtime(4)
+    decodes in the ledger, by option, and no acceptance, answer length or memory behind. (An
+    n-gram pair, whose 2-ms decodes cost the same at any size: with a draft model and no
+    decode time, noise in the timings decided which drafter ran.)"""
+    spec = PairSpec(target="t", draft="ngram")
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0.002), None, NgramDrafter())
     calibrate(rt)
     measure_steps(rt)
     assert {"none", "ngram"} <= set(rt.ledger.overhead)
