@@ -6,13 +6,25 @@ in tests/test_engine.py."""
 
 from __future__ import annotations
 
+import logging
+import time
+
 import httpx
+import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
-from homespec.engine.prompt_cache import MIN_GAIN, MIN_TOKENS, RAM_FLOOR, PromptCache, plan
+from homespec.engine.prompt_cache import (
+    MIN_GAIN,
+    MIN_READ,
+    MIN_TOKENS,
+    RAM_FLOOR,
+    SAVE_SHARE,
+    PromptCache,
+    plan,
+)
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec
 from homespec.sizes import GiB
@@ -64,6 +76,68 @@ def test_a_short_cache_or_a_small_drop_is_not_saved() -> None:
     # MIN_TOKENS - 1 tokens before its end drops as many, as rejected drafts do
     assert not plan(A, [*A[: len(A) - MIN_TOKENS + 1], 5], []).save
     assert plan(A, [*A[: len(A) - MIN_TOKENS], 5], []).save
+
+
+def test_where_copying_costs_about_what_reading_does_nothing_is_put_aside_or_brought_back() -> None:
+    """`dear`: a copied token's cost over a read one's, as measured. A thousandth (a CPU's)
+    changes nothing; past SAVE_SHARE nothing is saved; a restore must spare 1.5x what its copy
+    costs in reading (one H100 read the demo pair's prompts faster than it copied its cache)."""
+    opening = list(range(10, 40))
+    chat = [*opening, *A]  # 330 tokens; a turn of it spares 300 reads
+    turn = [*chat, 5]
+    for cheap in (None, 0.001, SAVE_SHARE):
+        assert plan(A, B, [], cheap).save
+        assert plan([*opening, *B], turn, [chat], cheap).restore == 0
+    assert not plan(A, B, [], SAVE_SHARE * 1.01).save
+    assert plan([*opening, *B], turn, [chat], 0.6).restore == 0  # 300 > 1.5 × 0.6 × 330
+    assert plan([*opening, *B], turn, [chat], 0.7).restore is None  # 300 < 1.5 × 0.7 × 330
+
+
+class SlowCopies(FakeTarget):
+    """A context whose copies take `copy_s` per token, like a card's through the host."""
+
+    def __init__(self, copy_s: float) -> None:
+        super().__init__(decode_s=0)
+        self.copy_s = copy_s
+
+    def snapshot(self) -> bytearray:
+        time.sleep(self.copy_s * len(self.tokens))
+        return super().snapshot()
+
+    def restore(self, tokens: list[int], data: bytearray) -> None:
+        time.sleep(self.copy_s * len(tokens))
+        super().restore(tokens, data)
+
+
+def test_a_cache_measures_its_copies_and_stops_saving_where_they_cost_like_reads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ctx = SlowCopies(copy_s=0.0001)  # 0.1 ms a token
+    cache = PromptCache(budget=1 << 30, available=lambda: 64 * GiB)
+    cache.observe_read(MIN_READ - 1, 1000.0)  # too short a read to say what a token costs
+    assert cache.read_ms is None and cache.dear is None
+    ctx.extend(A)
+    assert cache.recall(ctx, B).saved == len(A)  # nothing known yet: as before
+    assert cache.copy_ms is not None and cache.copy_ms >= 0.1
+    cache.observe_read(200, 2000.0)  # 10 ms a token: a CPU's read, copies cheap beside it
+    assert cache.dear is not None and cache.dear < SAVE_SHARE
+    ctx.extend(B)
+    assert cache.recall(ctx, [7] * 100).saved == len(B)
+    for _ in range(20):  # reads turn fast (a GPU's): 0.1 ms a token, a copy as dear
+        cache.observe_read(200, 20.0)
+    ctx.extend([7] * 100)
+    with caplog.at_level(logging.INFO, logger="homespec.engine"):
+        assert cache.recall(ctx, [8] * 100).saved == 0
+        assert cache.recall(ctx, [*A, 1]).restored == 0  # A is kept, but reading is cheaper
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "conversations are read again instead of put aside" in said[0]
+
+
+def test_the_loop_tells_the_target_cache_what_its_prompt_reads_cost() -> None:
+    spec = PairSpec(target="t", draft="ngram", prompt_cache_mb=64)
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0, token_s=0.0005), None, NgramDrafter())
+    chat(rt, [Message("user", LONG)])
+    assert rt.target_snapshots.read_ms == pytest.approx(0.5, rel=0.5)
 
 
 class Counting(FakeTarget):
@@ -142,10 +216,11 @@ def chat(rt: PairRuntime, messages: list[Message], **kw: object) -> tuple[str, G
     return run(rt, GenerationRequest(messages=messages, max_tokens=80, **kw))  # type: ignore[arg-type]
 
 
-def _conversation(prompt_cache_mb: int) -> list[GenerationStats]:
+def _conversation(prompt_cache_mb: int, copy_s: float = 0.0) -> list[GenerationStats]:
     spec = PairSpec(target="t", draft="d", prompt_cache_mb=prompt_cache_mb)
     draft = ModelDrafter(FakeTarget(decode_s=0))
-    rt = PairRuntime("p", spec, FakeTarget(decode_s=0), draft, NgramDrafter())
+    target = SlowCopies(copy_s) if copy_s else FakeTarget(decode_s=0)
+    rt = PairRuntime("p", spec, target, draft, NgramDrafter())
     first = [Message("user", LONG)]
     text, s1 = chat(rt, first, speculative=True, drafter="model")
     _, s2 = chat(rt, [Message("user", "Say hello.")])  # a title request, another user
@@ -166,6 +241,8 @@ def test_a_conversation_comes_back_after_another_took_the_cache() -> None:
     assert back.cached_tokens == first.prompt_tokens - 1
     _, _, cold = _conversation(0)
     assert cold.cached_tokens < 10  # the same turn with prompt_cache_mb = 0
+    _, _, dear = _conversation(256, copy_s=0.0002)  # copies dearer than the fake's reads
+    assert dear.cached_tokens < 10  # saved (nothing was known then), but not brought back
 
 
 def test_a_conversation_put_aside_is_reported_cached_when_it_comes_back(

@@ -84,8 +84,8 @@ class PairRuntime:
         """Before a request on `history`: each context's conversation put aside if it is about
         to be overwritten, and the one sharing most of `history` brought back. The target's
         tokens of `history` held now (its prompt tokens that need no evaluation)."""
-        if self.draft is not None:
-            self.draft_snapshots.recall(self.draft.ctx, history)
+        if self.draft is not None:  # priced as the target's copies and reads are
+            self.draft_snapshots.recall(self.draft.ctx, history, self.target_snapshots.dear)
         return self.target_snapshots.recall(self.target, history).reused
 
     def prompt(self, req: GenerationRequest) -> tuple[list[int], str]:
@@ -365,7 +365,10 @@ def _steps(
 
     adapter = rt.threads
     # Prompt: one pass (chunked by n_batch inside extend), logits for the last position only.
+    t_read = time.perf_counter()
     first = pick(rt.target.extend(history, 1)[0], params, draws, len(history))
+    read = len(history) - stats.cached_tokens  # what a put-aside copy would have spared
+    rt.target_snapshots.observe_read(read, (time.perf_counter() - t_read) * 1000.0)
     stats.ttft_ms = (time.perf_counter() - t_start) * 1000.0
     chunk = commit(first, False)
     if chunk:

@@ -10,7 +10,8 @@ restore are bit-identical to the ones the cache gave before). llama-server does 
 default (`--cache-ram`, 8 GiB of host memory).
 
 `plan()` is the decision, pure: whether the cache is worth keeping before it is overwritten,
-and which kept snapshot, if any, holds more of the new history than the cache does.
+and which kept snapshot, if any, holds more of the new history than the cache does, given what
+a copied token costs against a read one, as measured (`PromptCache.dear`).
 `PromptCache` carries it out on a context, within a byte budget (`prompt_cache_mb` in
 models.toml), least recently used first out, and never below RAM_FLOOR of available memory
 (under the cgroup limit, where the service has one): a memory-tight box keeps no snapshots
@@ -19,6 +20,8 @@ rather than swapping or being killed for them.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +43,23 @@ MIN_GAIN = 16
 RESTORE_RATIO = 16
 # A snapshot is kept only while this much memory stays available beside it.
 RAM_FLOOR = 1 * GiB
+# What a copy costs is measured, not assumed (ms per token, moving averages): each cache times
+# its own copies, and the loop tells the target's how long its prompt reads took (MIN_READ
+# tokens or more; shorter ones are mostly fixed cost). On the 2-core CPU a copied token costs
+# a thousandth of a read one. On one H100 the demo pair reads a few hundred tokens in a few
+# ms, and copying its cache off the card and back cost more: chats taking turns ran 600 tok/s
+# with 256 MiB of snapshots and 822 without, later turns' first token 20 ms against 13
+# (issue 8's GPU run, scripts/conversations.py). So a restore must spare reading more than
+# RESTORE_MARGIN x what it copies costs, and nothing is put aside while a copy costs over
+# SAVE_SHARE of reading the same tokens: a snapshot, copied out and back, pays only where its
+# conversation comes back more than dear / (1 - dear) of the time, 43% at 0.3 (a chat whose
+# client asks for a title between turns comes back every turn; another user's, maybe never).
+SAVE_SHARE = 0.3
+RESTORE_MARGIN = 1.5
+MIN_READ = 32
+COST_ALPHA = 0.3
+
+LOG = logging.getLogger("homespec.engine")
 
 
 @dataclass
@@ -61,26 +81,32 @@ def _reusable(tokens: list[int], history: list[int]) -> int:
     return shared_prefix(tokens, history, max(0, len(history) - 1))
 
 
-def plan(cached: list[int], history: list[int], kept: Sequence[list[int]]) -> Plan:
+def plan(
+    cached: list[int], history: list[int], kept: Sequence[list[int]], dear: float | None = None
+) -> Plan:
     """What to do before a request whose prompt is `history` runs on a context holding
-    `cached`, given the token lists of the snapshots `kept`.
+    `cached`, given the token lists of the snapshots `kept` and what copying a token costs
+    over reading one (`dear`; None: not measured yet).
 
     Restore the snapshot sharing the longest prefix with `history`, when that spares reading
-    enough of it (MIN_GAIN, RESTORE_RATIO). Save the cache when the request would drop at least
-    MIN_TOKENS of it (all of it, when a snapshot replaces it) and no snapshot already holds all
-    of it (one restored and extended since is a longer copy, not this)."""
+    enough of it (MIN_GAIN, RESTORE_RATIO, and RESTORE_MARGIN x what the copy costs). Save the
+    cache when the request would drop at least MIN_TOKENS of it (all of it, when a snapshot
+    replaces it), no snapshot already holds all of it (one restored and extended since is a
+    longer copy, not this) and a copy costs at most SAVE_SHARE of reading."""
     here = _reusable(cached, history)
     shares = [_reusable(tokens, history) for tokens in kept]
     # the longest, the most recent of equals
     best = max(reversed(range(len(kept))), key=shares.__getitem__, default=None)
     if best is not None:
-        gain = shares[best] - here
-        if gain < MIN_GAIN or gain * RESTORE_RATIO < len(kept[best]):
+        gain, copied = shares[best] - here, len(kept[best])
+        priced = copied * max(1 / RESTORE_RATIO, RESTORE_MARGIN * (dear or 0.0))
+        if gain < MIN_GAIN or gain < priced:
             best = None
     dropped = len(cached) - (here if best is None else 0)
     held = any(shared_prefix(tokens, cached) == len(cached) for tokens in kept)
     reused = here if best is None else shares[best]
-    return Plan(save=dropped >= MIN_TOKENS and not held, restore=best, reused=reused)
+    cheap = dear is None or dear <= SAVE_SHARE
+    return Plan(save=dropped >= MIN_TOKENS and not held and cheap, restore=best, reused=reused)
 
 
 @dataclass(frozen=True)
@@ -105,30 +131,68 @@ class PromptCache:
         self.budget = budget
         self._available = available
         self.kept: list[Snapshot] = []
+        self.copy_ms: float | None = None  # per token copied, this cache's snapshots and restores
+        self.read_ms: float | None = None  # per token of its context's prompt reads
+        self._said_dear = False
 
     @property
     def size(self) -> int:
         return sum(len(s.data) for s in self.kept)
 
-    def recall(self, ctx: Target, history: list[int]) -> Recall:
+    @property
+    def dear(self) -> float | None:
+        """What copying a token costs over reading one (None: either not measured yet)."""
+        if self.copy_ms is None or not self.read_ms:
+            return None
+        return self.copy_ms / self.read_ms
+
+    def observe_read(self, tokens: int, ms: float) -> None:
+        """The context read `tokens` of a prompt in `ms` (ignored under MIN_READ tokens)."""
+        if tokens >= MIN_READ:
+            self.read_ms = _average(self.read_ms, ms / tokens)
+
+    def _copied(self, tokens: int, t0: float) -> None:
+        if tokens > 0:
+            self.copy_ms = _average(self.copy_ms, (time.perf_counter() - t0) * 1000.0 / tokens)
+
+    def recall(self, ctx: Target, history: list[int], dear: float | None = None) -> Recall:
         """Before `history` runs on `ctx`: put its cache aside if worth it, and bring back the
-        snapshot holding most of `history` if that is more than the cache holds."""
+        snapshot holding most of `history` if that is more than the cache holds. `dear`: what
+        a copy costs over a read, where this cache does not measure reads (a draft model's,
+        priced as its target's); else its own."""
         chosen, saved = None, 0
+        dear = self.dear if dear is None else dear
         if self.budget > 0:
-            p = plan(ctx.tokens, history, [s.tokens for s in self.kept])
+            p = plan(ctx.tokens, history, [s.tokens for s in self.kept], dear)
+            self._say(dear)
             if p.restore is not None:  # the most recently used: the save must not evict it
                 chosen = self.kept.pop(p.restore)
                 self.kept.append(chosen)
             if p.save and self._room(ctx.snapshot_size(), ctx.tokens, chosen):
+                t0 = time.perf_counter()
                 snap = Snapshot(list(ctx.tokens), ctx.snapshot())
                 if snap.data:  # empty: the context could not copy it
+                    self._copied(len(snap.tokens), t0)
                     self.kept.insert(len(self.kept) - (chosen is not None), snap)
                     saved = len(snap.tokens)
             if chosen is not None:
+                t0 = time.perf_counter()
                 ctx.restore(chosen.tokens, chosen.data)
+                self._copied(len(chosen.tokens), t0)
         # what the context holds now, not what the plan meant it to (a restore can fail)
         reused = _reusable(ctx.tokens, history)
         return Recall(reused=reused, restored=reused if chosen else 0, saved=saved)
+
+    def _say(self, dear: float | None) -> None:
+        """Log when copies turn out too dear to put conversations aside, and when not again."""
+        now = dear is not None and dear > SAVE_SHARE
+        if now != self._said_dear:
+            self._said_dear = now
+            LOG.info(
+                "prompt cache: a copied token costs %.2f× a read one: conversations %s",
+                dear or 0.0,
+                "are read again instead of put aside" if now else "are put aside again",
+            )
 
     def _room(self, size: int, tokens: list[int], chosen: Snapshot | None) -> bool:
         """Make room for a `size`-byte snapshot of `tokens`: drop the snapshots it extends,
@@ -147,3 +211,7 @@ class PromptCache:
 
     def clear(self) -> None:
         self.kept.clear()
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else old + COST_ALPHA * (new - old)
