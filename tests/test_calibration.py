@@ -86,6 +86,16 @@ def test_measure_steps_finds_each_options_own_work_and_teaches_nothing() -> None
     assert rt.target.tokens == []
 
 
+def test_measure_steps_skips_an_answer_its_context_cannot_hold() -> None:
+    """The repeat prompt (the agreement chat's answer, in the fake's bytes) does not fit a
+    300-token context; the question does: one answer measured, no error."""
+    spec = PairSpec(target="t", draft="ngram")
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0.002, n_ctx=300), None, NgramDrafter())
+    calibrate(rt)
+    measure_steps(rt)
+    assert rt.ledger.overhead and rt.target.tokens == []
+
+
 def test_a_pair_without_a_draft_model_measures_no_agreement() -> None:
     rt = runtime(None)
     calibrate(rt)

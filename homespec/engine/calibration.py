@@ -21,7 +21,7 @@ from homespec.engine.estimates import DRAFT_SIZES, VERIFY_SIZES, CostCurve
 from homespec.engine.generate import PairRuntime, complete
 from homespec.engine.target import Target
 from homespec.engine.types import GenerationRequest, Message
-from homespec.errors import HomespecError
+from homespec.errors import HomespecError, RequestError
 from homespec.paths import cache_dir
 
 LOG = logging.getLogger("homespec.engine")
@@ -210,12 +210,17 @@ def measure_steps(rt: PairRuntime, max_tokens: int = 48) -> None:
     """Two short governed answers, so that the ledger holds what a step costs beyond its
     decodes (Ledger.overhead; doctor --measure shows it): AGREEMENT_CHAT's question (plain
     steps, or the draft model's where it pays) and its answer to repeat (n-gram lookup finds
-    it in the prompt). Nothing is learned or remembered; leaves the caches empty."""
+    it in the prompt). Nothing is learned or remembered; leaves the caches empty. A context
+    too small for one (a few hundred tokens) skips it: what it measures is a figure to show,
+    nothing a pair needs to serve."""
     question, answer = AGREEMENT_CHAT
     repeat = Message("user", f"Repeat this text exactly:\n\n{answer.content}")
     for chat in ([question], [repeat]):
         req = GenerationRequest(
             chat, max_tokens=max_tokens, temperature=0.0, learn=False, remember=False
         )
-        complete(rt, req)
+        try:
+            complete(rt, req)
+        except RequestError as exc:
+            LOG.info("pair %s: no step costs measured on one answer: %s", rt.name, exc)
     rt.clear_caches()
