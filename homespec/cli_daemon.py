@@ -200,6 +200,14 @@ def status(url: str | None, as_json: bool) -> None:
         if costs.get("step_overhead_ms"):
             own = ", ".join(f"{k} {ms:.2f}" for k, ms in costs["step_overhead_ms"].items())
             click.echo(f"{'':<14}        homespec's own work a step beyond its decodes, ms: {own}")
+        cache = p.get("prompt_cache") or {}
+        if cache.get("copy_over_read") is not None:
+            what = "put aside" if cache["puts_aside"] else "read again (copies too dear)"
+            click.echo(
+                f"{'':<14} prompt cache: a copied token costs {cache['copy_over_read']:.3g}× a "
+                f"read one ({cache['copy_ms_per_token']:.3g} against "
+                f"{cache['read_ms_per_token']:.3g} ms): conversations {what}"
+            )
         for role, v in (p.get("repack") or {}).items():
             if v.get("note"):
                 click.echo(f"{'':<14} {role}: {v['note']}")

@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
         calibrate(rt)
         verify, draft = dict(rt.ledger.verify.points), dict(rt.ledger.draft.points)
         measure_steps(rt)  # homespec's own work per step, after the decodes' costs are taken
-        step_ms = costs_now(rt.ledger).step_ms
+        step_ms = costs_now(rt).step_ms
         costs = cost_report(verify, draft, rt.ledger.agreement, step_ms)
         print(json.dumps({"memory": rows, "costs": costs}))
     return 0

@@ -11,9 +11,11 @@ import time
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from homespec.cli import cli
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
 from homespec.engine.prompt_cache import (
@@ -23,6 +25,7 @@ from homespec.engine.prompt_cache import (
     RAM_FLOOR,
     SAVE_SHARE,
     PromptCache,
+    cache_report,
     plan,
 )
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
@@ -76,6 +79,13 @@ def test_a_short_cache_or_a_small_drop_is_not_saved() -> None:
     # MIN_TOKENS - 1 tokens before its end drops as many, as rejected drafts do
     assert not plan(A, [*A[: len(A) - MIN_TOKENS + 1], 5], []).save
     assert plan(A, [*A[: len(A) - MIN_TOKENS], 5], []).save
+
+
+def test_what_status_says_of_the_cache_follows_its_measured_costs() -> None:
+    assert cache_report(None, 2.0)["puts_aside"] is True  # nothing copied yet: as declared
+    cheap, dear = cache_report(0.015, 2.3), cache_report(0.2, 0.1)
+    assert cheap["copy_over_read"] == pytest.approx(0.0065, abs=1e-4) and cheap["puts_aside"]
+    assert dear["copy_over_read"] == 2.0 and dear["puts_aside"] is False
 
 
 def test_where_copying_costs_about_what_reading_does_nothing_is_put_aside_or_brought_back() -> None:
@@ -277,3 +287,10 @@ def test_a_conversation_put_aside_is_reported_cached_when_it_comes_back(
         and s.labels == {"pair": "smollm2", "kind": "prompt_cached"}
     ]
     assert cached and cached[0] >= details.cached_tokens
+    # status: what the cache measured a copy and a read to cost, and that it puts aside
+    pair = httpx.get(daemon.url + "/homespec/status").json()["pairs"][0]
+    measured = pair["prompt_cache"]
+    assert measured["copy_ms_per_token"] > 0 and measured["read_ms_per_token"] > 0
+    assert measured["copy_over_read"] is not None and measured["puts_aside"] is True
+    shown = CliRunner().invoke(cli, ["status", "--url", daemon.url]).stdout
+    assert "prompt cache: a copied token costs " in shown and "conversations put aside" in shown

@@ -23,6 +23,7 @@ from homespec.daemon.settling import Settling
 from homespec.daemon.systemd import notify
 from homespec.daemon.worker import PairWorker
 from homespec.engine.estimates import cost_report
+from homespec.engine.prompt_cache import cache_report
 from homespec.engine.types import GenerationRequest
 from homespec.errors import HomespecError, UnknownModel
 from homespec.manifest import Manifest, load_manifest
@@ -492,6 +493,7 @@ class Daemon:
                 "load_ms": {role: round(ms) for role, ms in info.load_ms.items()},
             }
             out["costs"] = cost_report(info.verify_ms, info.draft_ms, info.agreement, info.step_ms)
+            out["prompt_cache"] = cache_report(info.copy_ms, info.read_ms)
             out["repack"] = {
                 role: {"repack": v.repack, "source": v.source, "note": v.note or None}
                 for role, v in info.repack.items()

@@ -145,7 +145,12 @@ class PairWorker:
             if isinstance(msg, Finished) and msg.costs and self.info:  # status shows them
                 c = msg.costs
                 self.info = replace(
-                    self.info, verify_ms=c.verify_ms, draft_ms=c.draft_ms, step_ms=c.step_ms
+                    self.info,
+                    verify_ms=c.verify_ms,
+                    draft_ms=c.draft_ms,
+                    step_ms=c.step_ms,
+                    copy_ms=c.copy_ms,
+                    read_ms=c.read_ms,
                 )
         elif isinstance(msg, Counted):
             fut = self._counts.pop(msg.qid, None)

@@ -43,7 +43,6 @@ from homespec.engine.generate import PairRuntime, generate_steps
 from homespec.engine.governor import OPTION_NAMES
 from homespec.engine.learned import restore as restore_learned
 from homespec.engine.learned import save as save_learned
-from homespec.engine.ledger import Ledger
 from homespec.engine.loader import (
     Held,
     LoadedPair,
@@ -103,13 +102,17 @@ def failure(exc: BaseException) -> Failure:
     return Failure("EngineError", f"{type(exc).__name__}: {exc}", "a bug: see the daemon's log")
 
 
-def costs_now(ledger: Ledger) -> Costs:
+def costs_now(rt: PairRuntime) -> Costs:
     """What the governor prices now (Costs): its curves where calibration measured them, as
-    drifted since with the machine's speed, and each option's own work per step."""
+    drifted since with the machine's speed, and each option's own work per step; and what
+    the target's prompt cache measured."""
+    ledger, cache = rt.ledger, rt.target_snapshots
     return Costs(
         sampled(ledger.verify_curve(), VERIFY_SIZES),
         sampled(ledger.draft_curve(), DRAFT_SIZES),
         {name: ledger.overhead[o] for o, name in OPTION_NAMES.items() if o in ledger.overhead},
+        cache.copy_ms,
+        cache.read_ms,
     )
 
 
@@ -130,7 +133,7 @@ def describe(
         draft_unavailable_reason=rt.draft_unavailable_reason,
         plain_only_reason=rt.plain_only_reason,
     )
-    costs = costs_now(rt.ledger)
+    costs = costs_now(rt)
     return EngineInfo(
         pid=os.getpid(),
         plan=plan,
@@ -153,6 +156,8 @@ def describe(
         draft_ms=costs.draft_ms,
         agreement=rt.ledger.agreement,
         step_ms=costs.step_ms,
+        copy_ms=costs.copy_ms,
+        read_ms=costs.read_ms,
         prompt_note=rt.target.model.template_problem(),
     )
 
@@ -328,7 +333,7 @@ class Engine:
                         self.send(Finished(rid, None, cancelled=True))
                         return
                     if isinstance(item, GenerationStats):
-                        costs = costs_now(self.session.runtime.ledger)
+                        costs = costs_now(self.session.runtime)
                         self.send(Finished(rid, item, chunks=held, costs=costs))
                         continue
                     held += item

@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from homespec.engine.target import Target, shared_prefix
 from homespec.resources import probe_ram
@@ -215,3 +216,15 @@ class PromptCache:
 
 def _average(old: float | None, new: float) -> float:
     return new if old is None else old + COST_ALPHA * (new - old)
+
+
+def cache_report(copy_ms: float | None, read_ms: float | None) -> dict[str, Any]:
+    """What status shows of a target's prompt cache (JSON): its measured costs per token, their
+    ratio, and whether conversations are put aside at that ratio (SAVE_SHARE)."""
+    dear = copy_ms / read_ms if copy_ms is not None and read_ms else None
+    return {
+        "copy_ms_per_token": None if copy_ms is None else round(copy_ms, 4),
+        "read_ms_per_token": None if read_ms is None else round(read_ms, 4),
+        "copy_over_read": None if dear is None else round(dear, 4),
+        "puts_aside": dear is None or dear <= SAVE_SHARE,
+    }

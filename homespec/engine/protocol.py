@@ -114,6 +114,8 @@ class EngineInfo:
     draft_ms: dict[int, float] = field(default_factory=dict)
     agreement: float | None = None  # the draft model's with the target, measured at load
     step_ms: dict[str, float] = field(default_factory=dict)  # see Costs
+    copy_ms: float | None = None  # see Costs
+    read_ms: float | None = None
     prompt_note: str = ""  # the target's chat template is not rendered as written, and why
 
 
@@ -121,12 +123,16 @@ class EngineInfo:
 class Costs:
     """The governor's costs as it prices them after a request (they move with every step):
     ms of one target decode and of one draft-model decode by tokens in it, at the sizes
-    calibration measures, and ms a step costs beyond its decodes, by what it ran ("plain",
-    "n-gram", "draft model"). The daemon's status shows the latest."""
+    calibration measures, ms a step costs beyond its decodes, by what it ran ("plain",
+    "n-gram", "draft model"), and what the target's prompt cache measured a token's copy
+    and a prompt token's read to cost (None: not yet; engine/prompt_cache.py). The daemon's
+    status shows the latest."""
 
     verify_ms: dict[int, float]
     draft_ms: dict[int, float]
     step_ms: dict[str, float]
+    copy_ms: float | None = None
+    read_ms: float | None = None
 
 
 @dataclass(frozen=True)
