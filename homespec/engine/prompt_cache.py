@@ -106,8 +106,18 @@ def plan(
     dropped = len(cached) - (here if best is None else 0)
     held = any(shared_prefix(tokens, cached) == len(cached) for tokens in kept)
     reused = here if best is None else shares[best]
-    cheap = dear is None or dear <= SAVE_SHARE
-    return Plan(save=dropped >= MIN_TOKENS and not held and cheap, restore=best, reused=reused)
+    save = dropped >= MIN_TOKENS and not held and puts_aside(dear)
+    return Plan(save=save, restore=best, reused=reused)
+
+
+def ratio(copy_ms: float | None, read_ms: float | None) -> float | None:
+    """A copied token's cost over a read one's (None: either not measured yet)."""
+    return copy_ms / read_ms if copy_ms is not None and read_ms else None
+
+
+def puts_aside(dear: float | None) -> bool:
+    """Whether conversations are copied aside at that ratio (SAVE_SHARE; unmeasured: yes)."""
+    return dear is None or dear <= SAVE_SHARE
 
 
 @dataclass(frozen=True)
@@ -143,9 +153,7 @@ class PromptCache:
     @property
     def dear(self) -> float | None:
         """What copying a token costs over reading one (None: either not measured yet)."""
-        if self.copy_ms is None or not self.read_ms:
-            return None
-        return self.copy_ms / self.read_ms
+        return ratio(self.copy_ms, self.read_ms)
 
     def observe_read(self, tokens: int, ms: float) -> None:
         """The context read `tokens` of a prompt in `ms` (ignored under MIN_READ tokens)."""
@@ -186,7 +194,7 @@ class PromptCache:
 
     def _say(self, dear: float | None) -> None:
         """Log when copies turn out too dear to put conversations aside, and when not again."""
-        now = dear is not None and dear > SAVE_SHARE
+        now = not puts_aside(dear)
         if now != self._said_dear:
             self._said_dear = now
             LOG.info(
@@ -221,10 +229,10 @@ def _average(old: float | None, new: float) -> float:
 def cache_report(copy_ms: float | None, read_ms: float | None) -> dict[str, Any]:
     """What status shows of a target's prompt cache (JSON): its measured costs per token, their
     ratio, and whether conversations are put aside at that ratio (SAVE_SHARE)."""
-    dear = copy_ms / read_ms if copy_ms is not None and read_ms else None
+    dear = ratio(copy_ms, read_ms)
     return {
         "copy_ms_per_token": None if copy_ms is None else round(copy_ms, 4),
         "read_ms_per_token": None if read_ms is None else round(read_ms, 4),
         "copy_over_read": None if dear is None else round(dear, 4),
-        "puts_aside": dear is None or dear <= SAVE_SHARE,
+        "puts_aside": puts_aside(dear),
     }
