@@ -393,7 +393,7 @@ def _steps(
             adapter.tick()
         source, proposal = "none", Proposal([])
         match: list[int] = []
-        if decision.drafter == "auto" and k > 0:
+        if governed and k > 0:
             source, proposal, last, lag, match = _governed(
                 rt,
                 req.task,
@@ -468,7 +468,7 @@ def _steps(
         if emitted:
             yield emitted
 
-    if decision.drafter == "auto" and last is not None:
+    if governed and last is not None:
         steps = ", ".join(f"{OPTION_NAMES[o]} {n}" for o, n in sorted(used.items()))
         if handovers:
             steps += f" ({handovers} of the draft model's finished by n-gram lookup)"
@@ -485,7 +485,7 @@ def _steps(
             f"; cut at the end of the {rt.target.n_ctx}-token context, {stats.completion_tokens} "
             f"of the {req.max_tokens} tokens asked (shorten the prompt or raise n_ctx)"
         )
-    if decision.drafter == "auto" and req.learn:
+    if governed and req.learn:
         cut = stats.finish_reason == "length"
         ledger.observe_answer(req.task, stats.completion_tokens, cut=cut)
         ledger.observe_upkeep(req.task, later_ms, drafted)

@@ -300,7 +300,8 @@ def choose(inp: Inputs) -> Choice:
 
     def others(chosen: Option) -> str:
         rest = [
-            f"{_name(e.option)} est {e.tokens_per_ms / plain:.2f}×{_catch_ups(inp, e.option)}"
+            f"{OPTION_NAMES[e.option]} est {e.tokens_per_ms / plain:.2f}×"
+            + _catch_ups(inp, e.option)
             for e in options
             if e.option != chosen
         ]
@@ -363,7 +364,7 @@ def choose(inp: Inputs) -> Choice:
         else ""
     )
     why = (
-        f"governor: {_name(best.option)}, {best.k} tokens/step, est "
+        f"governor: {OPTION_NAMES[best.option]}, {best.k} tokens/step, est "
         f"{best.tokens_per_ms / plain:.2f}× plain (accept {best.first_rate:.2f} at pos 1)"
         + behind
         + _catch_ups(inp, best.option)
@@ -451,10 +452,6 @@ def _task(task: str | None) -> str:
     """Whose table a reason speaks of: a named task's, or the one that every request naming
     no task shares (a daemon's OpenAI clients send none)."""
     return f"task {task!r}" if task is not None else "requests that name no task"
-
-
-def _name(option: Option) -> str:
-    return OPTION_NAMES[option]
 
 
 def next_window(window: int, proposed: int, kept: int) -> int:
