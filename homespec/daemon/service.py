@@ -17,13 +17,12 @@ from typing import Any
 
 from homespec import __version__
 from homespec.daemon import rpc_watch
+from homespec.daemon.engine_report import engine_report
 from homespec.daemon.metrics import Metrics
 from homespec.daemon.outcome import Outcome
 from homespec.daemon.settling import Settling
 from homespec.daemon.systemd import notify
 from homespec.daemon.worker import PairWorker
-from homespec.engine.estimates import cost_report
-from homespec.engine.prompt_cache import cache_report
 from homespec.engine.types import GenerationRequest
 from homespec.errors import HomespecError, UnknownModel
 from homespec.manifest import Manifest, load_manifest
@@ -470,33 +469,5 @@ class Daemon:
             },
         }
         if w.info is not None:
-            info = w.info
-            plan = info.plan
-            out["plan"] = plan.summary()
-            out["memory"] = {
-                check.role: {"predicted": check.predicted, "measured_after_load": check.measured}
-                for check in info.memory
-            }
-            out["memory_planned"] = {
-                d.device: {
-                    "target": d.target_weights + d.target_kv,
-                    "draft": d.draft_weights + d.draft_kv,
-                    "compute": d.compute,
-                    "total": d.need,
-                }
-                for d in plan.devices
-            }
-            out["models"] = {
-                "target": info.target_file,
-                "draft": info.draft_file,
-                "draft_loaded": info.draft_loaded,
-                "load_ms": {role: round(ms) for role, ms in info.load_ms.items()},
-            }
-            out["costs"] = cost_report(info.verify_ms, info.draft_ms, info.agreement, info.step_ms)
-            out["prompt_cache"] = cache_report(info.copy_ms, info.read_ms)
-            out["repack"] = {
-                role: {"repack": v.repack, "source": v.source, "note": v.note or None}
-                for role, v in info.repack.items()
-            }
-            out["huge_pages"] = {role: s.to_dict() for role, s in info.pages.items()}
+            out.update(engine_report(w.info))
         return out
