@@ -164,7 +164,7 @@ def test_the_warm_up_teaches_the_governor_and_the_memory_nothing() -> None:
     assert ledger.verify.points  # costs are measured all the same
     tables = ledger.by_task.values()
     assert sum(acc.tries[0] for table in tables for acc in table.values()) == 0
-    assert not ledger.answers and not ledger.upkeep and not ledger.shares
+    assert not ledger.lengths.answers and not ledger.upkeep and not ledger.shares
     assert rt.ngram.memory is not None and len(rt.ngram.memory) == 0
 
 

@@ -82,7 +82,7 @@ def test_measure_steps_finds_each_options_own_work_and_teaches_nothing() -> None
     assert all(ms >= 0 for ms in rt.ledger.overhead.values())
     tables = rt.ledger.by_task.values()
     assert not any(acc.tries[0] for table in tables for acc in table.values())
-    assert rt.ledger.answers == {} and rt.ledger.shares == {}
+    assert rt.ledger.lengths.answers == {} and rt.ledger.shares == {}
     assert rt.target.tokens == []
 
 

@@ -69,22 +69,25 @@ def test_a_catch_up_is_paid_once_for_the_answer_still_to_come() -> None:
     assert ledger.horizon("new task", generated=8, room=500) == 56
     assert ledger.horizon("new task", generated=100, room=500) == 50
     for n in (300, 300, 300):
-        ledger.observe_answer("edit", n)
-    assert ledger.horizon("edit", generated=100, room=500) == 200
+        ledger.observe_answer("edit", n, room=500, cut=False)
+    assert ledger.horizon("edit", generated=100, room=400) == 200
     assert ledger.horizon("edit", generated=100, room=50) == 50
-    # Past the typical length an answer is expected to run at least half as long again.
-    assert ledger.horizon("edit", generated=250, room=500) == 125
+    # Past its task's answers an answer is expected to run at least half as long again.
+    assert ledger.horizon("edit", generated=250, room=250) == 125
     assert ledger.horizon("edit", generated=400, room=500) == 200
     assert ledger.horizon("edit", generated=400, room=20) == 20
-    # An answer cut at max_tokens ran at least that long: it never lowers what is expected.
-    ledger.observe_answer("edit", 16, cut=True)
-    assert ledger.horizon("edit", generated=100, room=500) == 200
-    ledger.observe_answer("warmed up", 16, cut=True)
-    assert ledger.horizon("warmed up", generated=0, room=500) == 64
-    ledger.observe_answer("warmed up", 16)  # one that ended by itself does
-    assert ledger.horizon("warmed up", generated=0, room=500) < 64
-    ledger.observe_answer("extract", 256, cut=True)  # and one cut long is at least that long
-    assert ledger.horizon("extract", generated=0, room=500) == 256
+    # An answer cut at max_tokens would have run longer: it is read as running out of room.
+    ledger.observe_answer("edit", 16, room=16, cut=True)
+    assert ledger.horizon("edit", generated=100, room=400) == (3 * 200 + 400) // 4
+    # A past answer is read by its share of its room: a reply that used 30% of it and a JSON
+    # object that used 90% are read as 30% and 90% of this one's.
+    ledger.observe_answer("mixed", 30, room=100, cut=False)
+    ledger.observe_answer("mixed", 180, room=200, cut=False)
+    assert ledger.horizon("mixed", generated=8, room=192) == (52 + 172) // 2
+    assert ledger.horizon("mixed", generated=8, room=92) == (22 + 82) // 2
+    # where every request has the same room, a share is a length
+    ledger.observe_answer("same", 40, room=256, cut=False)
+    assert ledger.horizon("same", generated=8, room=248) == 32
 
 
 def test_an_unmeasured_draft_model_is_priced_by_a_prior_so_it_gets_tried() -> None:
@@ -139,7 +142,7 @@ def test_a_draft_model_that_drafts_well_stays_on_when_an_answer_outruns_its_task
     answers ran 20 tokens; this one is at 40 and going. Expecting nothing more of it priced
     that catch-up into one step, and plain ran the rest of the answer."""
     ledger = Ledger(verify=DEMO_TARGET, draft=DEMO_DRAFT)
-    ledger.observe_answer("chat", 20)
+    ledger.observe_answer("chat", 20, room=240, cut=False)
     ledger.by_task["chat"] = {"model": seen(0.9, k=8)}
     ledger.chose("model")
     horizon = ledger.horizon("chat", generated=40, room=200)

@@ -460,7 +460,7 @@ def test_what_the_governor_learned_survives_a_daemon_restart(tmp_path: Path) -> 
     assert len(files) == 1, list(d.state_dir.iterdir())
     state = json.loads(files[0].read_text())
     assert {"code", "prose"} <= set(state["tasks"]) and not list(d.state_dir.glob(".*.tmp"))
-    assert state["answers"]["code"] >= 60  # how long the task's answers run, kept too
+    assert state["lengths"]["code"] == [[60, 60, True]]  # how long its answers ran, kept too
     again = fake_daemon(tmp_path, env={"HOMESPEC_FAKE_DECODE_S": "0"})
     try:
         assert "governor: acceptance for 2 task(s) restored from" in again.log()

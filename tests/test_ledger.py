@@ -17,6 +17,8 @@ from homespec.engine.ledger import (
     MAX_TASKS,
     Ledger,
 )
+from homespec.engine.lengths import MAX_TASKS as LENGTH_TASKS
+from homespec.engine.lengths import SAMPLES, Answer, Lengths
 
 from .governor_cases import curve, seen
 
@@ -40,30 +42,53 @@ def test_learned_acceptance_survives_a_round_trip_through_json() -> None:
 
 def test_how_long_each_tasks_answers_run_survives_a_restart() -> None:
     before = Ledger()
-    before.observe_answer("json", 181)
-    before.observe_answer(None, 12)
+    before.observe_answer("json", 181, room=200, cut=False)
+    before.observe_answer(None, 12, room=64, cut=False)
+    before.observe_answer(None, 64, room=64, cut=True)
     before.acceptance("json")["model"].record(4, 4)
     state = json.loads(json.dumps(before.acceptance_state()))
     after = Ledger()
     after.restore_acceptance(state)
-    assert after.answers == {"json": 181.0, None: 12.0}
+    assert after.lengths.answers == before.lengths.answers
+    assert after.lengths.answers[None] == [Answer(12, 64, False), Answer(64, 64, True)]
     # so a restarted pair expects the long task's next answer to run long from its start
     assert after.horizon("json", generated=8, room=400) == before.horizon("json", 8, 400) > 100
     # a file from before lengths were kept restores its acceptance and nothing else
-    old = {k: v for k, v in state.items() if k != "answers"}
+    old = {k: v for k, v in state.items() if k != "lengths"}
     older = Ledger()
-    assert older.restore_acceptance(old) == 1 and older.answers == {}
+    assert older.restore_acceptance(old) == 1 and older.lengths.answers == {}
+    # one from when a typical length was kept: that length, its room not known
+    oldest = Ledger()
+    assert oldest.restore_acceptance({**old, "answers": {"json": 181.0}}) == 1
+    assert oldest.lengths.answers == {"json": [Answer(181, 0, False)]}
+    assert oldest.horizon("json", generated=8, room=400) == 181 - 8
 
 
 def test_damaged_answer_lengths_are_skipped_and_this_processs_own_win() -> None:
     state = Ledger().acceptance_state()
     ledger = Ledger()
-    ledger.observe_answer("kept", 40)
-    lengths = {"kept": 900, "neg": -5, "nan": float("nan"), "big": 1e12, "text": "7", "yes": True}
-    ledger.restore_acceptance({**state, "answers": {**lengths, "ok": 77}})
-    assert ledger.answers == {"kept": 40.0, "ok": 77.0}
-    ledger.restore_acceptance({**state, "answers": ["not", "a", "table"]})
-    assert ledger.answers == {"kept": 40.0, "ok": 77.0}
+    ledger.observe_answer("kept", 40, room=64, cut=False)
+    bad = {
+        "kept": [[900, 1000, False]],
+        "neg": [[-5, 10, False]],
+        "nan": [[float("nan"), 10, False]],
+        "big": [[1e12, 0, False]],
+        "room": [[5, -1, False]],
+        "text": [["7", 10, False]],
+        "yes": [[True, 10, False]],
+        "cut": [[5, 10, "no"]],
+        "short": [[5, 10]],
+        "row": [5, 10, False],
+        "none": "7",
+    }
+    good = {"ok": [[77, 100, False], "junk", [20, 20, True]]}
+    ledger.restore_acceptance({**state, "lengths": {**bad, **good}, "answers": {"old": "x"}})
+    assert ledger.lengths.answers == {
+        "kept": [Answer(40, 64, False)],
+        "ok": [Answer(77, 100, False), Answer(20, 20, True)],
+    }
+    ledger.restore_acceptance({**state, "lengths": ["not", "a", "table"], "answers": 7})
+    assert set(ledger.lengths.answers) == {"kept", "ok"}
 
 
 def test_a_damaged_or_foreign_state_is_never_trusted() -> None:
@@ -183,18 +208,21 @@ def test_a_task_never_seen_is_expected_to_run_at_most_half_the_room_left() -> No
     assert ledger.horizon("new", 8, room=500) == HORIZON_UNKNOWN - 8
     assert ledger.horizon("new", 8, room=56) == 28  # max_tokens 64: half of the 56 left
     assert ledger.horizon("new", 40, room=16) == 16  # never past the room
-    ledger.observe_answer("known", 200)
-    assert ledger.horizon("known", 8, room=56) == 56  # a known task's length is measured
+    ledger.observe_answer("known", 200, room=200, cut=True)
+    assert ledger.horizon("known", 8, room=56) == 56  # a known task's answers are measured
 
 
-def test_a_task_never_seen_is_expected_to_run_as_long_as_the_pairs_other_tasks_do() -> None:
+def test_a_task_never_seen_is_expected_to_run_as_the_pairs_other_tasks_answers_did() -> None:
     ledger = Ledger()
     for task, length in (("list", 150), ("email", 170), ("chat", 60)):
-        ledger.observe_answer(task, length)
-    assert ledger.typical_answer == 150  # the median: one long or short task does not decide
-    assert ledger.horizon("sql", 8, room=500) == 150 - 8
-    assert ledger.horizon("sql", 8, room=152) == 8 + 76 - 8  # still no more than half the room
+        ledger.observe_answer(task, length, room=508, cut=False)
+    # asked with the same room, they ran 142, 162 and 52 tokens past the 8th
+    assert ledger.horizon("sql", 8, room=500) == (142 + 162 + 52) // 3
     assert ledger.horizon("sql", 4, room=500) == 2  # nor before UNKNOWN_WAIT
+    full = Ledger()  # a pair whose answers ran out of room
+    full.observe_answer("table", 256, room=256, cut=True)
+    assert full.horizon("table", 8, room=200) == 200
+    assert full.horizon("sql", 8, room=200) == 100  # still no more than half the room
 
 
 def test_a_dear_catch_up_waits_for_the_answer_to_run_a_few_tokens_whatever_the_task() -> None:
@@ -204,7 +232,7 @@ def test_a_dear_catch_up_waits_for_the_answer_to_run_a_few_tokens_whatever_the_t
     ledger = Ledger()
     ledger.observe_verify(1, 10.0)
     ledger.observe_draft([(1, 4.0), (2, 7.0), (64, 120.0)])  # 46 tokens: about 86 ms
-    ledger.observe_answer("chat", 256)
+    ledger.observe_answer("chat", 256, room=256, cut=True)
     assert ledger.horizon("chat", 1, room=255, lag=46) == 0  # over 2 plain steps: not yet
     assert ledger.horizon("chat", 8, room=248, lag=46) == 256 - 8
     assert ledger.horizon("chat", 1, room=255, lag=2) == 255  # its own lag: no catch-up
@@ -212,11 +240,11 @@ def test_a_dear_catch_up_waits_for_the_answer_to_run_a_few_tokens_whatever_the_t
     gpu = Ledger()
     gpu.observe_verify(1, 2.1)
     gpu.observe_draft([(1, 1.1), (64, 2.6)])  # launch-bound: 46 tokens cost about one step
-    gpu.observe_answer("chat", 256)
+    gpu.observe_answer("chat", 256, room=256, cut=True)
     assert gpu.horizon("chat", 1, room=255, lag=46) == 255
     unmeasured = Ledger()  # no draft-model cost yet: half a target token each, as priced
     unmeasured.verify = curve(10.0, 3.0)  # 46 tokens: 145 ms, half of it for the draft
-    unmeasured.observe_answer("chat", 256)
+    unmeasured.observe_answer("chat", 256, room=256, cut=True)
     assert unmeasured.horizon("chat", 1, room=255, lag=46) == 0
 
 
@@ -388,3 +416,20 @@ def test_a_steps_overhead_is_what_it_took_beyond_the_decodes_observed_in_it() ->
     ledger.observe_step("none", 1.0)  # a clock that read short is no negative cost
     assert ledger.overhead["none"] == 0.0
     assert ledger.inputs(None, has_model=False, match=0, max_k=8).overhead == ledger.overhead
+
+
+def test_answer_lengths_are_a_bounded_table_of_recent_answers() -> None:
+    """Task names are the client's: at most MAX_TASKS tasks, the least recently answered
+    going first, and SAMPLES answers each, the oldest going first."""
+    lengths = Lengths()
+    for n in range(1, SAMPLES + 3):
+        lengths.observe("chat", n, room=100, cut=False)
+    assert [a.tokens for a in lengths.answers["chat"]] == list(range(3, SAMPLES + 3))
+    for i in range(LENGTH_TASKS + 1):
+        lengths.observe(f"task {i}", 10, room=100, cut=False)
+    lengths.observe("task 1", 10, room=100, cut=False)  # answered again: now the most recent
+    assert len(lengths.answers) == LENGTH_TASKS
+    assert "chat" not in lengths.answers and "task 0" not in lengths.answers
+    assert list(lengths.answers)[-1] == "task 1"
+    lengths.observe("none", 0, room=100, cut=False)  # no answer: nothing to learn
+    assert "none" not in lengths.answers

@@ -487,7 +487,7 @@ def _steps(
         )
     if governed and req.learn:
         cut = stats.finish_reason == "length"
-        ledger.observe_answer(req.task, stats.completion_tokens, cut=cut)
+        ledger.observe_answer(req.task, stats.completion_tokens, room=max_new, cut=cut)
         ledger.observe_upkeep(req.task, later_ms, drafted)
         if stats.completion_tokens > 1:  # the first token is the prompt's
             ledger.observe_lookup_share(req.task, by_lookup, stats.completion_tokens - 1)

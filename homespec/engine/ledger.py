@@ -6,7 +6,6 @@ reads from the clock; `Ledger.inputs()` hands one step's view to `governor.choos
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -22,6 +21,7 @@ from homespec.engine.estimates import (
     match_bucket,
 )
 from homespec.engine.governor import RELAG, Inputs, Option, catch_up_cost
+from homespec.engine.lengths import Lengths
 
 DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a target token
 STATE_VERSION = 1  # of Ledger.acceptance_state()
@@ -48,7 +48,6 @@ AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, w
 # tasks named, a greeting before each prompt: 1.28x plain on unseen-1 where 1.38x without it).
 AGREEMENT_WEIGHT = 16.0
 MAX_TASKS = 64  # task names are the client's: a bounded table
-MAX_ANSWER = 1 << 20  # tokens; a restored typical length beyond it is damage, not a length
 V = TypeVar("V")
 KNOWN_KEYS = {  # Ledger.by_task's keys
     "model",
@@ -73,7 +72,7 @@ class Ledger:
     asked_at: int = 0  # `steps` when choose() last ran (a settled plain choice skips it)
     current: Option = "none"
     last_used: dict[Option, int] = field(default_factory=dict)
-    answers: dict[str | None, float] = field(default_factory=dict)  # typical length, by task
+    lengths: Lengths = field(default_factory=Lengths)  # recent answers' lengths, by task
     # The draft model's agreement with the target, measured at load (engine/calibration.py)
     agreement: float | None = None
     # by task: moving averages of (ms of later catch-ups, tokens of draft-model steps) per
@@ -186,22 +185,11 @@ class Ledger:
         """The observations `model_prior` weighs: AGREEMENT_WEIGHT where it was measured."""
         return PRIOR_WEIGHT if self.agreement is None else AGREEMENT_WEIGHT
 
-    def observe_answer(self, task: str | None, tokens: int, *, cut: bool = False) -> None:
-        """A finished answer's length: what the next answer to this task is expected to run.
-
-        An answer `cut` at max_tokens (or the context's end) would have run at least this long,
-        so the typical length becomes at least that, and never falls for it, nor below the
-        unknown task's guess: a 16-token warm-up of a task whose answers run 250 tokens had it
-        expected at 16, and a draft model that would have paid was not tried on that task's
-        next answer. (Averaged in like an answer that ended, three 256-token cut answers had
-        the task expected at 64, 122 and 162 tokens: a catch-up on its long prompts never
-        looked worth a trial.)"""
-        old = self.answers.get(task)
-        if cut:
-            value = max(HORIZON_UNKNOWN if old is None else old, float(tokens))
-        else:
-            value = float(tokens) if old is None else 0.7 * old + 0.3 * tokens
-        _keep_recent(self.answers, task, value)
+    def observe_answer(self, task: str | None, tokens: int, *, room: int, cut: bool) -> None:
+        """A finished answer's length, and the room it had at its start (max_tokens within
+        the context): what the task's next answers are read from (engine/lengths.py). An
+        answer `cut` at max_tokens or the context's end would have run longer."""
+        self.lengths.observe(task, tokens, room, cut=cut)
 
     def later_catch_up_ms(self, lag: int) -> float:
         """What a catch-up on `lag` tokens costs the draft model beyond every step's own
@@ -257,16 +245,17 @@ class Ledger:
 
     def horizon(self, task: str | None, generated: int, room: int, lag: int = 0) -> int:
         """Answer tokens still expected, over which a draft model's catch-up may be spread,
-        within the room left: the task's typical length less what is generated, and never
-        less than half of what is generated. An answer that has outrun its task's typical
-        length is a longer kind (answer lengths are long-tailed): expecting nothing more of
-        it turned a draft model that was drafting well off for the rest of it, as the 2-token
-        catch-up after each of its steps was then priced into a single step.
+        within the `room` left: how far the task's recent answers, read as this one's, ran
+        past `generated` (Lengths.residual), and never less than half of what is generated.
+        An answer that has outrun its task's answers is a longer kind (answer lengths are
+        long-tailed): expecting nothing more of it turned a draft model that was drafting well
+        off for the rest of it, as the 2-token catch-up after each of its steps was then
+        priced into a single step.
 
-        A task never seen is expected to run as long as the pair's other tasks typically do
-        (`typical_answer`), but only once its answer has run UNKNOWN_WAIT: until then it may
-        be a few-token one ("22", "Hello! How are you today?"), which the draft model's
-        catch-up on the prompt made 25% slower than plain.
+        A task never seen is read from the pair's other tasks' answers (HORIZON_UNKNOWN
+        tokens where it has seen none), but only once its answer has run UNKNOWN_WAIT: until
+        then it may be a few-token one ("22", "Hello! How are you today?"), which the draft
+        model's catch-up on the prompt made 25% slower than plain.
         Nor past halfway through the room the client left it (max_tokens): all that is known
         of such an answer is that it stops somewhere in there. (A rewrite of one sentence,
         asked with max_tokens 64, was expected to run 56 more tokens at its 8th; the draft
@@ -275,19 +264,20 @@ class Ledger:
 
         Nor, for any task, before the answer has run UNKNOWN_WAIT tokens where the draft model
         is `lag` tokens behind and catching up costs more than DEAR_CATCH_UP plain steps (0:
-        the catch-up is priced into one step, and not made). A task's typical length says
-        little about the answer at hand where its answers differ: a daemon whose clients send
-        no task keeps one table for all of them, and there a 6-token answer to a creative
-        prompt, after 256-token ones, caught the draft model up on the 23 tokens of its
-        prompt it did not share with the last chat first, and came at 0.47-0.66x plain in five
-        runs (1.04x with this). A cheap catch-up (a GPU's, or a few tokens') goes ahead."""
+        the catch-up is priced into one step, and not made). A task's answers say little
+        about the answer at hand where they differ: a daemon whose clients send no task keeps
+        one table for all of them, and there a 6-token answer to a creative prompt, after
+        256-token ones, caught the draft model up on the 23 tokens of its prompt it did not
+        share with the last chat first, and came at 0.47-0.66x plain in five runs (1.04x with
+        this). A cheap catch-up (a GPU's, or a few tokens') goes ahead."""
         if generated < UNKNOWN_WAIT and self._dear(lag):
             return 0
-        typical = self.answers.get(task)
-        if typical is None:
-            unknown = min(self.typical_answer, generated + room / 2)
-            typical = unknown if generated >= UNKNOWN_WAIT else 0.0
-        left = max(typical - generated, generated / 2)
+        left = self.lengths.residual(task, generated, generated + room)
+        if left is None:
+            left = HORIZON_UNKNOWN - generated
+        if not self.lengths.known(task):
+            left = min(left, room / 2) if generated >= UNKNOWN_WAIT else 0.0
+        left = max(left, generated / 2)
         return max(0, min(room, int(left)))
 
     def _dear(self, lag: int) -> bool:
@@ -300,16 +290,8 @@ class Ledger:
         cost = catch_up_cost(lag, verify, self._draft_ms(curve), curve)
         return plain is not None and cost > DEAR_CATCH_UP * plain
 
-    @property
-    def typical_answer(self) -> float:
-        """What a task never seen is expected to run: the median of the pair's other tasks'
-        typical lengths, HORIZON_UNKNOWN before any answer was seen. (A fixed 64 had an SQL
-        answer that ran 116 tokens expected at 56 more at its 8th, and the draft model, which
-        drafted it 1.35× as fast as plain, was never caught up on its 50-token prompt.)"""
-        return statistics.median(self.answers.values()) if self.answers else HORIZON_UNKNOWN
-
     def acceptance_state(self) -> dict[str, Any]:
-        """What was learned about acceptance, and how long each task's answers typically run,
+        """What was learned about acceptance, and how long each task's recent answers ran,
         as JSON-able data (kept across restarts; costs are not: they are measured again at
         every load). Without the lengths, every task was a task never seen after a restart:
         its first answer was expected at the other tasks' length, and a draft model that pays
@@ -323,7 +305,7 @@ class Ledger:
                 }
                 for task, table in self.by_task.items()
             },
-            "answers": {"" if task is None else task: n for task, n in self.answers.items()},
+            "lengths": self.lengths.state(),
         }
 
     def restore_acceptance(self, state: Any) -> int:
@@ -351,18 +333,8 @@ class Ledger:
             if accs and len(self.by_task) < MAX_TASKS:
                 self.by_task[task] = accs
                 restored += 1
-        self._restore_answers(state.get("answers"))
+        self.lengths.restore(state.get("lengths"), state.get("answers"))
         return restored
-
-    def _restore_answers(self, answers: Any) -> None:
-        """Typical answer lengths from a state (absent in older files: nothing to restore);
-        a length this process already learned wins, anything but a plausible one is skipped."""
-        for name, raw in (answers if isinstance(answers, dict) else {}).items():
-            task = name or None
-            if task in self.answers or isinstance(raw, bool) or not isinstance(raw, int | float):
-                continue
-            if 0 < raw <= MAX_ANSWER and len(self.answers) < MAX_TASKS:
-                self.answers[task] = float(raw)
 
     @property
     def draft_ms(self) -> float | None:
