@@ -9,9 +9,11 @@ import bisect
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 MAX_K = 64
+MAX_TASKS = 64  # task names are the client's: every table by task is bounded
+V = TypeVar("V")
 VERIFY_SIZES = (1, 2, 4, 8, 16, 32)  # target decodes calibration measures (status shows them)
 DRAFT_SIZES = (1, 8, 32)  # draft-model decodes (a catch-up on history decodes a batch)
 PRIOR = 0.6  # draft-model acceptance before anything was measured (n-grams: MATCH_PRIORS)
@@ -179,3 +181,12 @@ def expected_by_length(acc: Acceptance, prior: float, stretch: float = 1.0) -> I
 def expected_tokens(acc: Acceptance, k: int, prior: float) -> float:
     """expected_by_length at one k (k = 0: plain decoding's one token)."""
     return next(itertools.islice(expected_by_length(acc, prior), k - 1, None)) if k else 1.0
+
+
+def keep_recent(table: dict[str | None, V], task: str | None, value: V) -> None:
+    """Store `value` as the most recently used task's and drop the least recently used
+    beyond MAX_TASKS (task names are the client's: a bounded table)."""
+    table.pop(task, None)
+    table[task] = value
+    while len(table) > MAX_TASKS:
+        del table[next(iter(table))]

@@ -7,17 +7,19 @@ reads from the clock; `Ledger.inputs()` hands one step's view to `governor.choos
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from homespec.engine.estimates import (
     MATCH_BUCKETS,
     MATCH_PRIORS,
     MAX_K,
+    MAX_TASKS,
     PREDICTED_PRIORS,
     PRIOR,
     PRIOR_WEIGHT,
     Acceptance,
     CostCurve,
+    keep_recent,
     match_bucket,
 )
 from homespec.engine.governor import RELAG, Inputs, Option, catch_up_cost
@@ -47,8 +49,6 @@ AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, w
 # at 0.63 on every task after it, below plain: it was never tried on them (fixed-cost replay,
 # tasks named, a greeting before each prompt: 1.28x plain on unseen-1 where 1.38x without it).
 AGREEMENT_WEIGHT = 16.0
-MAX_TASKS = 64  # task names are the client's: a bounded table
-V = TypeVar("V")
 KNOWN_KEYS = {  # Ledger.by_task's keys
     "model",
     *(f"{kind}@{b}" for kind in ("ngram", "predicted") for b in MATCH_BUCKETS),
@@ -223,7 +223,7 @@ class Ledger:
             value = (old[0] * UPKEEP_FADE, old[1])
         else:
             value = _blend(old, (ms, float(tokens)))
-        _keep_recent(self.upkeep, task, value)
+        keep_recent(self.upkeep, task, value)
 
     def observe_lookup_share(self, task: str | None, by_lookup: int, tokens: int) -> None:
         """One answer's `tokens`, `by_lookup` of them committed by n-gram steps: kept as
@@ -231,7 +231,7 @@ class Ledger:
         if tokens <= 0:
             return
         value = _blend(self.shares.get(task), (float(by_lookup), float(tokens)))
-        _keep_recent(self.shares, task, value)
+        keep_recent(self.shares, task, value)
 
     def lookup_share(self, task: str | None) -> float:
         """The share of the task's answer tokens n-gram lookup committed lately (0 unknown)."""
@@ -272,11 +272,15 @@ class Ledger:
         this). A cheap catch-up (a GPU's, or a few tokens') goes ahead."""
         if generated < UNKNOWN_WAIT and self._dear(lag):
             return 0
-        left = self.lengths.residual(task, generated, generated + room)
-        if left is None:
-            left = HORIZON_UNKNOWN - generated
-        if not self.lengths.known(task):
-            left = min(left, room / 2) if generated >= UNKNOWN_WAIT else 0.0
+        known = self.lengths.known(task)
+        if known or generated >= UNKNOWN_WAIT:
+            left = self.lengths.residual(task, generated, generated + room)
+            if left is None:
+                left = HORIZON_UNKNOWN - generated
+            if not known:
+                left = min(left, room / 2)
+        else:
+            left = 0.0
         left = max(left, generated / 2)
         return max(0, min(room, int(left)))
 
@@ -461,12 +465,3 @@ def _blend(old: tuple[float, float] | None, new: tuple[float, float]) -> tuple[f
     if old is None:
         return new
     return (0.7 * old[0] + 0.3 * new[0], 0.7 * old[1] + 0.3 * new[1])
-
-
-def _keep_recent(table: dict[str | None, V], task: str | None, value: V) -> None:
-    """Store `value` as the most recently used task's and drop the least recently used
-    beyond MAX_TASKS (task names are the client's: a bounded table)."""
-    table.pop(task, None)
-    table[task] = value
-    while len(table) > MAX_TASKS:
-        del table[next(iter(table))]

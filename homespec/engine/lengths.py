@@ -27,8 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from homespec.engine.estimates import MAX_TASKS, keep_recent
+
 SAMPLES = 16  # recent answers kept per task
-MAX_TASKS = 64  # task names are the client's: a bounded table (as Ledger's)
 MAX_ANSWER = 1 << 20  # tokens; a restored length beyond it is damage, not a length
 
 
@@ -62,10 +63,8 @@ class Lengths:
         joins the task's recent ones, the oldest beyond SAMPLES going."""
         if tokens <= 0:
             return
-        past = self.answers.pop(task, [])
-        self.answers[task] = [*past, Answer(tokens, max(0, room), cut)][-SAMPLES:]
-        while len(self.answers) > MAX_TASKS:  # the least recently answered goes
-            del self.answers[next(iter(self.answers))]
+        past = self.answers.get(task, [])
+        keep_recent(self.answers, task, [*past, Answer(tokens, max(0, room), cut)][-SAMPLES:])
 
     def known(self, task: str | None) -> bool:
         """Whether the task has answers of its own."""
