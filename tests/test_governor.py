@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
+import random
 from dataclasses import replace
 
 import pytest
@@ -14,6 +17,7 @@ from homespec.engine.estimates import (
     PRIOR,
     Acceptance,
     CostCurve,
+    expected_by_length,
     expected_tokens,
 )
 from homespec.engine.governor import (
@@ -223,6 +227,42 @@ def test_expected_tokens_counts_the_targets_own_token() -> None:
     acc = seen(0.5)
     assert abs(expected_tokens(acc, 2, prior=0.5) - (1 + 0.5 + 0.25)) < 0.02
     assert expected_tokens(Acceptance(), 0, prior=0.5) == 1.0
+
+
+def test_the_governors_shortcuts_price_exactly_as_the_plain_formulas() -> None:
+    """What the governor reads every step is computed the quick way (record and reach skip the
+    positions never tried, expected_by_length writes rate out, upto sorts the points once):
+    the same numbers, to the bit, as each position's rate and each size's `at`."""
+    rng = random.Random(8)
+    acc = Acceptance(prior=0.7, prior_weight=3.0)
+    acc.seed_tries[1:5] = [4.0, 3.0, 2.0, 1.0]
+    acc.seed_kept[1:5] = [3.5, 2.0, 1.0, 0.5]
+    naive_tries, naive_kept = list(acc.tries), list(acc.kept)
+    for step in range(400):
+        proposed = rng.choice([1, 2, 3, 6, 12, 30, 64] if step % 50 < 40 else [2])
+        accepted = rng.randint(0, proposed)
+        acc.record(proposed, accepted)
+        naive_tries = [x * 0.99 for x in naive_tries]
+        naive_kept = [x * 0.99 for x in naive_kept]
+        for i in range(min(accepted + 1, proposed)):
+            naive_tries[i] += 1
+            naive_kept[i] += i < accepted
+        assert acc.tries == naive_tries and acc.kept == naive_kept
+        deepest = max(
+            (i + 1 for i in range(MAX_K) if naive_tries[i] + acc.seed_tries[i] >= 1), default=0
+        )
+        assert acc.reach() == max(MIN_REACH, 2 * deepest)
+        for stretch in (1.0, 0.9):
+            rates, prior = [], 0.7
+            for i in range(MAX_K):
+                prior = acc.rate(i, prior * stretch if i else prior)
+                rates.append(prior)
+            want = list(itertools.accumulate(itertools.accumulate(rates, operator.mul), initial=1))
+            assert list(expected_by_length(acc, 0.7, stretch)) == want[1:]
+    for points in ({4: 3.0}, {1: 1.2, 2: 2.8, 8: 3.5, 32: 5.1}, {3: 2.0, 30: 9.0, 31: 8.0}):
+        cost = CostCurve(dict(points))
+        assert cost.upto(64) == [cost.at(n) for n in range(1, 65)]
+    assert CostCurve().upto(8) is None
 
 
 def test_a_new_task_starts_from_what_the_pair_measured_on_its_other_tasks() -> None:

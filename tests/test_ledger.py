@@ -433,3 +433,15 @@ def test_answer_lengths_are_a_bounded_table_of_recent_answers() -> None:
     assert list(lengths.answers)[-1] == "task 1"
     lengths.observe("none", 0, room=100, cut=False)  # no answer: nothing to learn
     assert "none" not in lengths.answers
+
+
+def test_a_task_never_seen_reads_the_answers_of_the_tasks_used_last() -> None:
+    """Not every task's: the governor reads them at every step it is asked."""
+    lengths = Lengths()
+    for i in range(LENGTH_TASKS):  # 64 tasks of 16 answers: the old ones short, the new long
+        for _ in range(SAMPLES):
+            lengths.observe(f"task {i}", 10 if i < LENGTH_TASKS - 4 else 100, room=200, cut=False)
+    assert lengths.residual("new", 0, 200) == 100.0  # the last 4 tasks' 64 answers alone
+    lengths.observe("task 0", 10, room=200, cut=False)  # used again: now among the last
+    assert lengths.residual("new", 0, 200) == (10 * 16 + 100 * 48) / 64  # task 0 and the last 3
+    assert lengths.residual("task 0", 0, 200) == 10.0  # a task's own answers, when it has them

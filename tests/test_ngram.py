@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from homespec.engine.drafters import NgramDrafter
-from homespec.engine.ngram_memory import NgramMemory
+from homespec.engine.ngram_memory import NgramMemory, since_boundary
 from homespec.engine.sampling import Draws, SamplingParams
 
 GREEDY = SamplingParams()
@@ -205,3 +205,13 @@ def test_a_raw_prompts_answer_agrees_back_into_the_prompt() -> None:
     d.reset()  # answer_start 0
     seq = [1, 2, 3, 4, 5, 9, 1, 2, 3, 4]
     assert d.propose(seq, 2, GREEDY, RNG).tokens == [5, 9] and d.match_len == 4
+
+
+def test_agreement_stops_at_the_last_boundary_token_within_the_limit() -> None:
+    marks = frozenset({7, 9})
+    assert since_boundary([1, 2, 3, 4], 32, marks) == 32  # none: the limit
+    assert since_boundary([1, 7, 3, 4], 32, marks) == 2  # two tokens after the marker
+    assert since_boundary([9, 3, 4, 5, 6], 3, marks) == 3  # the marker is past the limit
+    assert since_boundary([3, 4, 9], 32, marks) == 0  # the marker is the last token
+    assert since_boundary([], 32, marks) == 32
+    assert since_boundary([7, 1], 32, frozenset()) == 32  # no boundaries: the limit

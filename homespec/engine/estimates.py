@@ -64,7 +64,22 @@ class CostCurve:
             return known
         if not self.points:
             return None
-        xs = sorted(self.points)  # a handful of points
+        return self._between(n, sorted(self.points))  # a handful of points
+
+    def upto(self, n: int) -> list[float] | None:
+        """[at(1), …, at(n)], or None when nothing is measured: the points sorted once for all
+        of them (the governor prices every draft length each time it is asked, and sorting
+        them again for each cost a fifth of its time)."""
+        points = self.points
+        if not points:
+            return None
+        xs = sorted(points)
+        slope = self._tail_slope(xs)
+        return [points[i] if i in points else self._between(i, xs, slope) for i in range(1, n + 1)]
+
+    def _between(self, n: int, xs: list[int], tail: float | None = None) -> float:
+        """The cost of n tokens, not measured, from the measured sizes `xs` (sorted; `tail`:
+        their _tail_slope, where the caller has it)."""
         if len(xs) == 1 or n < xs[0]:
             # From the first point by the prior slope: its one-token cost is y / (1 + slope ×
             # (x - 1)). (A draft's first decode is often a catch-up of hundreds of tokens;
@@ -76,14 +91,19 @@ class CostCurve:
             # at half its size or less): real steps measure neighbouring sizes (30, 31 tokens)
             # whose noise can make the last segment fall, and a falling slope priced a draft
             # model's 243-token catch-up at nothing. Cost never falls with more tokens.
-            hi = xs[-1]
-            lo = max((x for x in xs if x <= hi / 2), default=xs[0])
-            slope = (self.points[hi] - self.points[lo]) / (hi - lo)
-            return self.points[hi] + max(0.0, slope) * (n - hi)
+            slope = self._tail_slope(xs) if tail is None else tail
+            return self.points[xs[-1]] + max(0.0, slope) * (n - xs[-1])
         i = bisect.bisect_left(xs, n)
         lo, hi = (xs[0], xs[1]) if i == 0 else (xs[i - 1], xs[i])  # i == 0: n is the first
         y0, y1 = self.points[lo], self.points[hi]
         return max(0.0, y0 + (y1 - y0) * (n - lo) / (hi - lo))
+
+    def _tail_slope(self, xs: list[int]) -> float:
+        """The slope past the last measured size (sorted `xs`, two or more): over a wide
+        stretch, from the last size measured at half the last one or less (see _between)."""
+        hi = xs[-1]
+        lo = max((x for x in xs if x <= hi / 2), default=xs[0])
+        return (self.points[hi] - self.points[lo]) / (hi - lo) if hi != lo else 0.0
 
 
 def sampled(curve: CostCurve, sizes: tuple[int, ...]) -> dict[int, float]:
@@ -132,15 +152,26 @@ class Acceptance:
     # (Ledger._new seeds a new task's table with them; never decayed, never saved)
     seed_tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
     seed_kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+    # Positions from `depth` on hold no counts and no seed: record and reach skip them (the
+    # governor asks for reach at every estimate, and a draft rarely goes past a dozen
+    # positions). MAX_K until the first record, which measures it: set tries, kept and the
+    # seeds at construction, or before that, and change them through record after it.
+    depth: int = field(default=MAX_K, init=False, repr=False, compare=False)
 
     def record(self, proposed: int, accepted: int) -> None:
-        for i in range(MAX_K):
-            self.tries[i] *= DECAY
-            self.kept[i] *= DECAY
-        for i in range(min(accepted + 1, proposed)):
-            self.tries[i] += 1
+        tries, kept, seed = self.tries, self.kept, self.seed_tries
+        depth = 0
+        for i in range(self.depth):
+            if tries[i] or kept[i] or seed[i]:
+                tries[i] *= DECAY
+                kept[i] *= DECAY
+                depth = i + 1
+        n = min(accepted + 1, proposed)
+        for i in range(n):
+            tries[i] += 1
             if i < accepted:
-                self.kept[i] += 1
+                kept[i] += 1
+        self.depth = max(depth, n)
 
     def rate(self, i: int, prior: float) -> float:
         weight = self.prior_weight if i == 0 else PRIOR_WEIGHT
@@ -152,7 +183,7 @@ class Acceptance:
         at least once lately (MIN_REACH before that). Draft lengths grow by doubling as long
         drafts keep being kept, like a congestion window, never straight to 64 on faith."""
         tries, seed, deepest = self.tries, self.seed_tries, 0
-        for i in range(MAX_K - 1, -1, -1):
+        for i in range(self.depth - 1, -1, -1):
             if tries[i] + seed[i] >= 1:
                 deepest = i + 1
                 break
@@ -171,8 +202,12 @@ def expected_by_length(acc: Acceptance, prior: float, stretch: float = 1.0) -> I
     a little worse than the one before it. (Taken as equal, 6-token drafts kept 97% of the time
     priced a never-tried 64-token draft-model step as a win; on a CPU it cost 1 s a step.)"""
     total, survive = 1.0, 1.0
-    for i in range(MAX_K):
-        prior = acc.rate(i, prior * stretch if i else prior)
+    tries, kept, seed_tries, seed_kept = acc.tries, acc.kept, acc.seed_tries, acc.seed_kept
+    weight = acc.prior_weight
+    for i in range(MAX_K):  # acc.rate(i, …), written out: the governor runs this every step
+        if i:
+            prior, weight = prior * stretch, PRIOR_WEIGHT
+        prior = (kept[i] + seed_kept[i] + prior * weight) / (tries[i] + seed_tries[i] + weight)
         survive *= prior
         total += survive
         yield total

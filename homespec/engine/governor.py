@@ -259,15 +259,16 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     # Lookup past the answer's window (next_window) only while verifying the draft costs at
     # most CHEAP_VERIFY plain steps: where long drafts are about free (a GPU), a stale
     # estimate costs little and the window would only cost wins.
-    cheap = CHEAP_VERIFY * (inp.verify.at(1) or 0.0)
+    costs = inp.verify.upto(limit + 1)  # costs[k]: a verify of k drafts and the last token
+    if costs is None:
+        return None
+    cheap = CHEAP_VERIFY * costs[0]
     best: Estimate | None = None
     previous = 1.0
     lengths = expected_by_length(acc, prior, stretch)
     for k, tokens in zip(range(1, limit + 1), lengths, strict=False):
         survive, previous = tokens - previous, tokens  # the chance all k drafts are kept
-        cost = inp.verify.at(k + 1)
-        if cost is None:
-            return None
+        cost = costs[k]
         if k > window and cost > cheap:
             break
         step = cost + own + fixed + relag * survive + per_token * k

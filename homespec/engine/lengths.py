@@ -30,6 +30,10 @@ from typing import Any
 from homespec.engine.estimates import MAX_TASKS, keep_recent
 
 SAMPLES = 16  # recent answers kept per task
+# A task never seen reads the answers of the tasks used most recently, this many or a few more
+# (whole tasks): the governor reads them at every step it is asked, and all of them, up to
+# MAX_TASKS x SAMPLES, took most of a millisecond a step on the 2-core box.
+POOLED = 4 * SAMPLES
 MAX_ANSWER = 1 << 20  # tokens; a restored length beyond it is damage, not a length
 
 
@@ -74,12 +78,25 @@ class Lengths:
         """Answer tokens still expected after `generated`, in an answer with `room` tokens of
         room at its start: the mean of how far the task's recent answers, read as this one's,
         ran past `generated`, among those that did (0 where none did). A task with none is
-        read from every task's; None: the pair has seen no answer."""
-        past = self.answers.get(task) or [a for rows in self.answers.values() for a in rows]
+        read from the recent answers of the tasks used last (POOLED); None: the pair has seen
+        no answer."""
+        past = self.answers.get(task) or self._pooled()
         if not past:
             return None
         ahead = [n for n in (a.as_this(room) - generated for a in past) if n > 0]
         return sum(ahead) / len(ahead) if ahead else 0.0
+
+    def _pooled(self) -> list[Answer]:
+        """The recent answers of the tasks used most recently (POOLED or a few more), oldest
+        task first."""
+        recent: list[list[Answer]] = []
+        count = 0
+        for rows in reversed(self.answers.values()):
+            recent.append(rows)
+            count += len(rows)
+            if count >= POOLED:
+                break
+        return [a for rows in reversed(recent) for a in rows]
 
     def state(self) -> dict[str, Any]:
         """As JSON-able data (Ledger.acceptance_state)."""

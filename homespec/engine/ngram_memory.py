@@ -23,7 +23,10 @@ def since_boundary(seq: Sequence[int], limit: int, boundaries: frozenset[int]) -
     most `limit` (`limit` when none is there): the most any agreement with its end may count.
     The same for every candidate place, so a lookup finds it once."""
     if boundaries:
-        for i in range(1, min(limit, len(seq)) + 1):
+        n = min(limit, len(seq))
+        if boundaries.isdisjoint(seq[len(seq) - n :]):  # an answer's usual step: one C loop
+            return limit
+        for i in range(1, n + 1):
             if seq[-i] in boundaries:
                 return i - 1
     return limit
