@@ -439,17 +439,22 @@ def test_a_steps_own_work_is_priced_and_lookup_that_pays_on_decodes_alone_may_no
     assert choose(plain_only).speedup > choose(bare).speedup
 
 
-def test_a_plain_choice_is_settled_only_while_nothing_came_close_and_nothing_matches() -> None:
+def test_a_plain_choice_is_settled_only_while_nothing_came_close_and_no_new_match_came() -> None:
     far = choose(replace(inputs(H100, ngram=0.6), overhead={"none": 0.2, "ngram": 1.5}))
     assert far.option == "none" and 0 < far.rival < SETTLE_BELOW
     gpu = 0.2 / 1.21  # a plain step's own work over its decode, as on the H100
-    assert settled(far, 1, 0, gpu) and settled(far, SETTLE_STEPS - 1, 0, gpu)
-    assert not settled(far, SETTLE_STEPS, 0, gpu)  # asked again now and then
-    assert not settled(far, 1, 3, gpu)  # a match is always priced
-    assert not settled(None, 0, 0, gpu)  # an answer's first step asks
-    assert not settled(far, 1, 0, 0.3 / 20)  # on a CPU asking costs nothing worth saving
+    assert settled(far, 1, "", gpu) and settled(far, SETTLE_STEPS - 1, "", gpu)
+    assert not settled(far, SETTLE_STEPS, "", gpu)  # asked again now and then
+    assert not settled(far, 1, "ngram@2", gpu)  # a match not priced at the asking is
+    assert not settled(None, 0, "", gpu)  # an answer's first step asks
+    assert not settled(far, 1, "", 0.3 / 20)  # on a CPU asking costs nothing worth saving
+    # Asked with a 2-token match that came well short of paying: another from the same table
+    # waits (or none), a longer one (another table, likelier kept) or the prediction's does not.
+    priced = replace(far, lookup="ngram@2")
+    assert settled(priced, 1, "ngram@2", gpu) and settled(priced, 2, "", gpu)
+    assert not settled(priced, 1, "ngram@8", gpu) and not settled(priced, 1, "predicted@2", gpu)
     close = choose(inputs(H100, ngram=0.65))
     assert close.option == "none" and close.rival >= SETTLE_BELOW
-    assert not settled(close, 1, 0, gpu)
+    assert not settled(close, 1, "", gpu)
     drafting = choose(inputs(H100, ngram=0.8))
-    assert drafting.option == "ngram" and not settled(drafting, 1, 0, gpu)
+    assert drafting.option == "ngram" and not settled(drafting, 1, "", gpu)

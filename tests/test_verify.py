@@ -4,6 +4,7 @@ the scripted fake target: no model files."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -287,3 +288,34 @@ def test_a_settled_plain_choice_skips_the_governor_where_asking_is_dear(
     text, s = run(rt, dataclasses.replace(req, speculative=None))
     assert text == plain_text and s.draft_steps == 0 and s.verify_steps == 25
     assert len(asked) == asks and "governor: plain" in s.reason
+
+
+@pytest.mark.parametrize(("own_share", "asks"), [(0.3, -(-24 // (SETTLE_STEPS + 1))), (0.01, 24)])
+def test_a_settled_plain_choice_stands_through_matches_priced_from_the_same_table(
+    monkeypatch: pytest.MonkeyPatch, own_share: float, asks: int
+) -> None:
+    """The prompt holds every pair of letters the answer will write, each followed by a digit:
+    lookup matches at every step, two tokens long, and is always wrong. Priced from the one
+    table of 2-token matches, learned well short of paying, the plain choice stands as it does
+    with no match where asking is dear; every step asks where it is not."""
+    spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, NgramDrafter())
+    rt.ledger.verify = CostCurve({n: 20.0 + 10.0 * n for n in (1, 2, 4, 8, 16, 32)})
+    monkeypatch.setattr(rt.ledger.verify, "observe", lambda n, ms: None)  # costs stay put
+    table = rt.ledger.acceptance("spell", 2)["ngram"]
+    for _ in range(50):
+        table.record(4, 0)
+    monkeypatch.setattr(rt.ledger, "own_share", lambda: own_share)
+    asked = []
+    choose = loop.choose
+    monkeypatch.setattr(loop, "choose", lambda inp: asked.append(inp) or choose(inp))
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pairs = " ".join(f"{a}{b}{i % 10}" for i, (a, b) in enumerate(itertools.pairwise(letters)))
+    req = GenerationRequest(prompt=pairs + " a", max_tokens=26, speculative=False, task="spell")
+    plain_text, _ = run(rt, req)
+    tried = table.tries[0]
+    text, s = run(rt, dataclasses.replace(req, speculative=None))
+    assert text == plain_text and s.draft_steps == 0
+    assert all(inp.ngram_match > 0 for inp in asked)  # every asking priced a match
+    assert table.tries[0] > tried  # and every step learned what it would have kept
+    assert len(asked) == asks

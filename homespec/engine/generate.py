@@ -31,7 +31,7 @@ from homespec.engine.governor import (
     next_window,
     settled,
 )
-from homespec.engine.ledger import Ledger
+from homespec.engine.ledger import Ledger, table_key
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
 from homespec.engine.prompt_cache import PromptCache
@@ -150,8 +150,9 @@ def _governed(
     last choice, which may stand for this step (governor.settled)."""
     ledger = rt.ledger
     match = rt.ngram.propose(history, k, params, draws).tokens
+    table = table_key(rt.ngram.match_len, rt.ngram.from_prediction) if match else ""
     if last is not None and settled(
-        last, ledger.steps - ledger.asked_at, len(match), ledger.own_share()
+        last, ledger.steps - ledger.asked_at, table, ledger.own_share()
     ):
         ledger.chose("none")
         return "none", Proposal([]), last, 0, match
@@ -169,7 +170,7 @@ def _governed(
         horizon=horizon,
         ngram_window=window,
     )
-    choice = choose(inputs)
+    choice = replace(choose(inputs), lookup=table)
     ledger.chose(choice.option)
     ledger.asked_at = ledger.steps
     if choice.option == "ngram":

@@ -93,14 +93,19 @@ PROBE_HORIZON = 32
 PROBE_BELOW = 1.5
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
 # A plain choice stands, without asking `choose` again, for SETTLE_STEPS steps while lookup has
-# no match and no drafter came within SETTLE_BELOW of plain at the asking (settled), where a
-# step's own work is SETTLE_SHARE or more of a one-token decode. Asking costs the lookup's and
+# no match, or one priced from the same table as at the asking (the same match length), and
+# no drafter came within SETTLE_BELOW of plain then (settled), where a step's own work is
+# SETTLE_SHARE or more of a one-token decode. Asking costs the lookup's and
 # the draft model's estimates at every length, about 0.15 ms a step on the 2-core box and on
 # the H100's host alike: an eighth of the GPU's 1.2-ms decode, where an answer `auto` ran
 # wholly plain came 14% slower than plain decoding; most steps of a prose answer have no match
 # (576 of unseen-5's 805). Beside a CPU's 20-ms decode it is a rounding error, and a choice left
 # standing costs more than that: at the CPU's fixed costs a 21-token answer ran 0.81x plain
-# where it had run level, its draft model's catch-up decided four steps late.
+# where it had run level, its draft model's catch-up decided four steps late. (Standing only
+# without a match, prose asked at most steps: its 2-token matches come every few tokens. Also
+# through a match from the table priced at the asking, at the H100's fixed costs, no task:
+# unseen-5 1.00 -> 1.01x plain, every task level or up to 3% faster; unseen-1 1.10 -> 1.11x,
+# shipped 1.79 -> 1.80x.)
 SETTLE_STEPS = 4
 SETTLE_BELOW = 0.8
 SETTLE_SHARE = 0.05
@@ -128,6 +133,9 @@ class Choice:
     speedup: float  # estimated throughput over plain decoding's
     reason: str
     rival: float = 0.0  # the best option not chosen, its estimate over plain (0: none could run)
+    # The acceptance table lookup was priced from at this choice (Ledger.table_key; "": no
+    # match to price): a plain choice stands for a match from the same one (settled)
+    lookup: str = ""
 
 
 @dataclass
@@ -374,19 +382,21 @@ def choose(inp: Inputs) -> Choice:
     return Choice(best.option, best.k, best.tokens_per_ms / plain, why)
 
 
-def settled(last: Choice | None, steps_since: int, match: int, own_share: float) -> bool:
+def settled(last: Choice | None, steps_since: int, match: str, own_share: float) -> bool:
     """Whether this step may run plain on the last choice (`steps_since` steps ago) without
     asking `choose` again: that one chose plain with every drafter well short of paying
-    (SETTLE_BELOW), lookup has no match now, it was asked less than SETTLE_STEPS steps ago,
-    and a plain step's own work is worth saving (`own_share`: it over a one-token decode, at
-    least SETTLE_SHARE). A draft model that starts to pay, a trial or a re-try waits that many
-    steps at most; a match never waits."""
+    (SETTLE_BELOW), lookup has no match now (`match`: the table a match would be priced
+    from, "" for none) or one priced from the table it was priced from then, it was asked
+    less than SETTLE_STEPS steps ago, and a plain step's own work is worth saving
+    (`own_share`: it over a one-token decode, at least SETTLE_SHARE). A draft model that
+    starts to pay, a trial or a re-try waits that many steps at most; a match of another
+    length (another table) never waits."""
     return (
         own_share >= SETTLE_SHARE
         and last is not None
         and last.option == "none"
         and last.rival < SETTLE_BELOW
-        and match == 0
+        and match in ("", last.lookup)
         and steps_since < SETTLE_STEPS
     )
 

@@ -122,11 +122,10 @@ class Ledger:
             while len(self.by_task) >= MAX_TASKS:
                 del self.by_task[next(iter(self.by_task))]
         self.by_task[task] = table  # now the most recently used
-        bucket = match_bucket(match_len)
-        key = f"{'predicted' if predicted else 'ngram'}@{bucket}"
+        key = table_key(match_len, predicted)
         if key not in table:
             priors = PREDICTED_PRIORS if predicted else MATCH_PRIORS
-            table[key] = self._new(key, priors[bucket])
+            table[key] = self._new(key, priors[match_bucket(match_len)])
         if "model" not in table:
             table["model"] = self._new(
                 "model", self.model_prior, seed=True, weight=self.model_prior_weight
@@ -458,6 +457,12 @@ class Ledger:
             self.since_plain_ms,
             dict(self.overhead),
         )
+
+
+def table_key(match_len: int, predicted: bool = False) -> str:
+    """The name of the acceptance table a lookup match this long is priced from (and kept
+    under in the learned file): by match length bucket, the prediction's apart."""
+    return f"{'predicted' if predicted else 'ngram'}@{match_bucket(match_len)}"
 
 
 def _blend(old: tuple[float, float] | None, new: tuple[float, float]) -> tuple[float, float]:
