@@ -41,6 +41,12 @@ def match_bucket(match_len: int) -> int:
     return max([b for b in MATCH_BUCKETS if b <= match_len], default=MATCH_BUCKETS[0])
 
 
+def table_key(match_len: int, predicted: bool = False) -> str:
+    """The name of the acceptance table a lookup match this long is priced from (and kept
+    under in the learned file): by match length bucket, the prediction's apart."""
+    return f"{'predicted' if predicted else 'ngram'}@{match_bucket(match_len)}"
+
+
 @dataclass
 class CostCurve:
     """Milliseconds of one target decode of n tokens, from calibration and real steps.

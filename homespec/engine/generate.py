@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from homespec.engine.chat_text import PROMPT_FORMATS, prompt_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
-from homespec.engine.estimates import MAX_K
+from homespec.engine.estimates import MAX_K, table_key
 from homespec.engine.governor import (
     OPTION_NAMES,
     Choice,
@@ -31,7 +31,7 @@ from homespec.engine.governor import (
     next_window,
     settled,
 )
-from homespec.engine.ledger import Ledger, table_key
+from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
 from homespec.engine.prompt_cache import PromptCache
@@ -151,9 +151,7 @@ def _governed(
     ledger = rt.ledger
     match = rt.ngram.propose(history, k, params, draws).tokens
     table = table_key(rt.ngram.match_len, rt.ngram.from_prediction) if match else ""
-    if last is not None and settled(
-        last, ledger.steps - ledger.asked_at, table, ledger.own_share()
-    ):
+    if settled(last, ledger.steps - ledger.asked_at, table, ledger.own_share()):
         ledger.chose("none")
         return "none", Proposal([]), last, 0, match
     draft = rt.draft if use_model else None

@@ -29,7 +29,7 @@ target's distribution.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from homespec.engine.estimates import (
     MAX_K,
@@ -133,7 +133,7 @@ class Choice:
     speedup: float  # estimated throughput over plain decoding's
     reason: str
     rival: float = 0.0  # the best option not chosen, its estimate over plain (0: none could run)
-    # The acceptance table lookup was priced from at this choice (Ledger.table_key; "": no
+    # The acceptance table lookup was priced from at this choice (estimates.table_key; "": no
     # match to price): a plain choice stands for a match from the same one (settled)
     lookup: str = ""
 
@@ -382,7 +382,9 @@ def choose(inp: Inputs) -> Choice:
     return Choice(best.option, best.k, best.tokens_per_ms / plain, why)
 
 
-def settled(last: Choice | None, steps_since: int, match: str, own_share: float) -> bool:
+def settled(
+    last: Choice | None, steps_since: int, match: str, own_share: float
+) -> TypeGuard[Choice]:
     """Whether this step may run plain on the last choice (`steps_since` steps ago) without
     asking `choose` again: that one chose plain with every drafter well short of paying
     (SETTLE_BELOW), lookup has no match now (`match`: the table a match would be priced
@@ -390,7 +392,7 @@ def settled(last: Choice | None, steps_since: int, match: str, own_share: float)
     less than SETTLE_STEPS steps ago, and a plain step's own work is worth saving
     (`own_share`: it over a one-token decode, at least SETTLE_SHARE). A draft model that
     starts to pay, a trial or a re-try waits that many steps at most; a match of another
-    length (another table) never waits."""
+    length (another table) never waits. (True says `last` is a Choice.)"""
     return (
         own_share >= SETTLE_SHARE
         and last is not None

@@ -21,6 +21,7 @@ from homespec.engine.estimates import (
     CostCurve,
     keep_recent,
     match_bucket,
+    table_key,
 )
 from homespec.engine.governor import RELAG, Inputs, Option, catch_up_cost
 from homespec.engine.lengths import Lengths
@@ -51,7 +52,7 @@ AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, w
 AGREEMENT_WEIGHT = 16.0
 KNOWN_KEYS = {  # Ledger.by_task's keys
     "model",
-    *(f"{kind}@{b}" for kind in ("ngram", "predicted") for b in MATCH_BUCKETS),
+    *(table_key(b, predicted) for predicted in (False, True) for b in MATCH_BUCKETS),
 }
 
 
@@ -116,12 +117,10 @@ class Ledger:
         """The task's acceptance for the draft model and for an n-gram match this long
         (`predicted`: found in the request's prediction, which has tables of its own). At
         most MAX_TASKS tasks are kept (a client names tasks): the least recently used goes."""
-        table = self.by_task.pop(task, None)
+        table = self.by_task.get(task)
         if table is None:
             table = {}
-            while len(self.by_task) >= MAX_TASKS:
-                del self.by_task[next(iter(self.by_task))]
-        self.by_task[task] = table  # now the most recently used
+        keep_recent(self.by_task, task, table)  # now the most recently used
         key = table_key(match_len, predicted)
         if key not in table:
             priors = PREDICTED_PRIORS if predicted else MATCH_PRIORS
@@ -457,12 +456,6 @@ class Ledger:
             self.since_plain_ms,
             dict(self.overhead),
         )
-
-
-def table_key(match_len: int, predicted: bool = False) -> str:
-    """The name of the acceptance table a lookup match this long is priced from (and kept
-    under in the learned file): by match length bucket, the prediction's apart."""
-    return f"{'predicted' if predicted else 'ngram'}@{match_bucket(match_len)}"
 
 
 def _blend(old: tuple[float, float] | None, new: tuple[float, float]) -> tuple[float, float]:
