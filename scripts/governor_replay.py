@@ -43,6 +43,7 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before numpy's)
 
@@ -59,6 +60,7 @@ from homespec.bench import (
 )
 from homespec.engine import generate as loop
 from homespec.engine.calibration import agreement
+from homespec.engine.drafters import Proposal
 from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime, generate
 from homespec.engine.governor import Choice, Inputs
@@ -91,16 +93,17 @@ PRESETS: dict[str, dict[str, dict[int, float]]] = {
     },
 }
 # ms a step costs beyond its decodes (homespec's own work), by kind: a step of plain decoding,
-# a drafting step, and what a governed step adds to either: its n-gram lookup, and asking the
-# governor (governor.settled skips that on some steps). On the H100: plain 734 tok/s against a
-# 1.21-ms decode; an answer `auto` ran wholly plain 14% slower than plain (unseen-5's
-# explanation), split as the 2-core box splits it (lookup 32 µs, asking 130); forced lookup's
-# steps about a millisecond past their verify (the shipped code edits). A CPU's 20-ms steps
-# leave these in the noise.
+# a drafting step, and what a governed step adds to either: its n-gram lookup (or, while a plain
+# choice stands, its glance: governor.standing), and asking the governor (governor.settled
+# skips that on some steps). On the H100: plain 734 tok/s against a 1.21-ms decode; an answer
+# `auto` ran wholly plain 14% slower than plain (unseen-5's explanation), split as the 2-core
+# box splits it (lookup 32 µs, asking 130; a glance, measured there later in the loop, 15 µs to
+# a lookup's 27–39); forced lookup's steps about a millisecond past their verify (the shipped
+# code edits). A CPU's 20-ms steps leave these in the noise.
 STEPS: dict[str, dict[str, float]] = {
-    "h100": {"plain": 0.15, "drafting": 1.0, "lookup": 0.06, "choice": 0.22}
+    "h100": {"plain": 0.15, "drafting": 1.0, "lookup": 0.06, "glance": 0.03, "choice": 0.22}
 }
-STEP_KINDS = ("plain", "drafting", "lookup", "choice")
+STEP_KINDS = ("plain", "drafting", "lookup", "glance", "choice")
 
 
 def cost_table(spec: str) -> dict[str, dict[int, float]]:
@@ -123,19 +126,29 @@ def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: list[float]) -> N
     """Price each step's own work at `steps` (step_table) on clock[0], and give the governor
     the same figures as its measured overhead (never this machine's: its Python is not the
     table's)."""
-    plain, drafting, lookup, asking = (steps.get(k, 0.0) for k in STEP_KINDS)
+    plain, drafting, lookup, glance, asking = (steps.get(k, 0.0) for k in STEP_KINDS)
     governed = plain + lookup + asking
     drafts = governed - plain + drafting
     rt.ledger.overhead = {"none": governed, "ngram": drafts, "model": drafts}
     rt.ledger.observe_step = lambda option, wall_ms: None  # type: ignore[method-assign]
-    extra = [0.0]  # this step's governor work so far
+    extra = [0.0, 0.0]  # this step's governor work so far; 1.0 while a governed step runs
     started = rt.ledger.step_started
     choose: Callable[[Inputs], Choice] = vars(loop)["choose"]
     verify: Callable[..., tuple[int, int]] = vars(loop)["verify"]
+    ngram = rt.ngram
+    propose, glanced = ngram.propose, ngram.glance
 
     def step_started() -> None:
-        extra[0] = lookup  # a governed step looks up n-grams, and may ask the governor
+        extra[:] = [0.0, 1.0]  # a governed step looks up n-grams, and may ask the governor
         started()
+
+    def looked_up(*args: Any, **kw: Any) -> Proposal:
+        extra[0] += lookup * extra[1]  # forced lookup's is in its `drafting`
+        return propose(*args, **kw)
+
+    def glanced_at(history: list[int]) -> bool:
+        extra[0] += glance
+        return glanced(history)
 
     def asked(inp: Inputs) -> Choice:
         extra[0] += asking
@@ -143,10 +156,11 @@ def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: list[float]) -> N
 
     def priced(drafts: list[int], *args: object, **kw: object) -> tuple[int, int]:
         clock[0] += (drafting if drafts else plain) + extra[0]
-        extra[0] = 0.0
+        extra[:] = [0.0, 0.0]
         return verify(drafts, *args, **kw)
 
     rt.ledger.step_started = step_started  # type: ignore[method-assign]
+    ngram.propose, ngram.glance = looked_up, glanced_at  # type: ignore[method-assign]
     vars(loop).update(choose=asked, verify=priced)
 
 

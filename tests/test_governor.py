@@ -27,6 +27,7 @@ from homespec.engine.governor import (
     PROBE_HORIZON,
     PROBE_MS,
     SETTLE_BELOW,
+    SETTLE_MAX,
     SETTLE_STEPS,
     Choice,
     Inputs,
@@ -35,6 +36,8 @@ from homespec.engine.governor import (
     hand_over,
     next_window,
     settled,
+    stand_for,
+    standing,
     step_ms,
 )
 from homespec.engine.ledger import Ledger
@@ -74,7 +77,7 @@ def test_collapsing_acceptance_turns_speculation_off_and_a_recovery_turns_it_bac
         acc.record(4, 0)
     assert [step() for _ in range(4 * EXPLORE_EVERY)] == ["none"] * (4 * EXPLORE_EVERY)
     # Lookup's proposals start being right: the plain steps that did not use them learn so
-    # (generate.learn_unused_match records one position per step), and it turns back on.
+    # (Ledger.learn_unused_match records one position per step), and it turns back on.
     for _ in range(200):
         if step() == "ngram":
             break
@@ -83,7 +86,7 @@ def test_collapsing_acceptance_turns_speculation_off_and_a_recovery_turns_it_bac
 
 
 def test_n_gram_lookup_is_never_re_tried_while_the_draft_model_is() -> None:
-    """Lookup is measured for free on every step that has a match (learn_unused_match), so a
+    """Lookup is measured for free on every step that has a match (Ledger.learn_unused_match), so a
     re-try would only pay a verify for it; a draft model left unused is measured only by one."""
     ledger = Ledger(verify=curve(10.0, 2.0))
     ledger.draft = CostCurve({1: 6.0, 2: 12.0})
@@ -443,18 +446,30 @@ def test_a_plain_choice_is_settled_only_while_nothing_came_close_and_no_new_matc
     far = choose(replace(inputs(H100, ngram=0.6), overhead={"none": 0.2, "ngram": 1.5}))
     assert far.option == "none" and 0 < far.rival < SETTLE_BELOW
     gpu = 0.2 / 1.21  # a plain step's own work over its decode, as on the H100
-    assert settled(far, 1, "", gpu) and settled(far, SETTLE_STEPS - 1, "", gpu)
-    assert not settled(far, SETTLE_STEPS, "", gpu)  # asked again now and then
-    assert not settled(far, 1, "ngram@2", gpu)  # a match not priced at the asking is
-    assert not settled(None, 0, "", gpu)  # an answer's first step asks
-    assert not settled(far, 1, "", 0.3 / 20)  # on a CPU asking costs nothing worth saving
+    assert stand_for(None, far, 0.3 / 20) == 0  # on a CPU asking costs nothing worth saving
+    stood = replace(far, stands=stand_for(None, far, gpu))
+    assert stood.stands == SETTLE_STEPS
+    assert settled(stood, 1, "") and settled(stood, SETTLE_STEPS - 1, "")
+    assert standing(stood, SETTLE_STEPS - 1) and not standing(stood, SETTLE_STEPS)
+    assert not settled(stood, SETTLE_STEPS, "")  # asked again now and then
+    assert not settled(stood, 1, "ngram@2")  # a match not priced at the asking is
+    assert not settled(None, 0, "") and not standing(None, 0)  # an answer's first step asks
+    assert not settled(far, 1, "")  # a choice given no stand never stands
     # Asked with a 2-token match that came well short of paying: another from the same table
     # waits (or none), a longer one (another table, likelier kept) or the prediction's does not.
-    priced = replace(far, lookup="ngram@2")
-    assert settled(priced, 1, "ngram@2", gpu) and settled(priced, 2, "", gpu)
-    assert not settled(priced, 1, "ngram@8", gpu) and not settled(priced, 1, "predicted@2", gpu)
+    priced = replace(stood, lookup="ngram@2")
+    assert settled(priced, 1, "ngram@2") and settled(priced, 2, "")
+    assert not settled(priced, 1, "ngram@8") and not settled(priced, 1, "predicted@2")
+    # Each asking that settles again stands twice as long, up to SETTLE_MAX
+    stands = [stood.stands]
+    while len(stands) < 6:
+        stood = replace(far, stands=stand_for(stood, far, gpu))
+        stands.append(stood.stands)
+    assert stands[:3] == [SETTLE_STEPS, 2 * SETTLE_STEPS, 4 * SETTLE_STEPS]
+    assert max(stands) == stands[-1] == SETTLE_MAX
     close = choose(inputs(H100, ngram=0.65))
     assert close.option == "none" and close.rival >= SETTLE_BELOW
-    assert not settled(close, 1, "", gpu)
+    assert stand_for(stood, close, gpu) == 0  # something came close: asked every step
     drafting = choose(inputs(H100, ngram=0.8))
-    assert drafting.option == "ngram" and not settled(drafting, 1, "", gpu)
+    assert drafting.option == "ngram" and stand_for(stood, drafting, gpu) == 0
+    assert stand_for(drafting, far, gpu) == SETTLE_STEPS  # after drafting it starts over

@@ -299,23 +299,21 @@ def test_lookups_share_of_a_tasks_answers_is_a_moving_average() -> None:
 
 
 def test_a_match_the_step_did_not_use_is_learned_from_the_tokens_it_committed() -> None:
-    """learn_unused_match: lookup's proposal is known before a step that did not use it;
+    """Ledger.learn_unused_match: lookup's proposal is known before a step that did not use it;
     the tokens the step committed say how many of its drafts would have been kept, as far
     as they go (position i is known tried only where the first i - 1 agreed and an i-th
     token was committed). Match lengths 9-15 share a table (bucket 8)."""
-    from homespec.engine.generate import learn_unused_match
-
     ledger = Ledger()
     acc = ledger.acceptance("rewrite", 9)["ngram"]
-    learn_unused_match(ledger, "rewrite", [5, 6, 7], [5], 9)  # a plain step: position 1 kept
+    ledger.learn_unused_match("rewrite", [5, 6, 7], [5], 9)  # a plain step: position 1 kept
     assert (acc.tries[:2], acc.kept[:2]) == ([1.0, 0.0], [1.0, 0.0])
-    learn_unused_match(ledger, "rewrite", [5, 6, 7, 8], [5, 6, 9, 1, 2], 12)  # 2 kept, then not
+    ledger.learn_unused_match("rewrite", [5, 6, 7, 8], [5, 6, 9, 1, 2], 12)  # 2 kept, then not
     assert [round(x, 2) for x in acc.tries[:4]] == [1.99, 1.0, 1.0, 0.0]
     assert [round(x, 2) for x in acc.kept[:4]] == [1.99, 1.0, 0.0, 0.0]
     before = acc.rate(0, acc.prior)
-    learn_unused_match(ledger, "rewrite", [4], [5, 6], 9)  # wrong at once
+    ledger.learn_unused_match("rewrite", [4], [5, 6], 9)  # wrong at once
     assert acc.rate(0, acc.prior) < before
-    learn_unused_match(ledger, "rewrite", [], [5], 9)  # no match: nothing
+    ledger.learn_unused_match("rewrite", [], [5], 9)  # no match: nothing
     assert ledger.acceptance("rewrite", 2)["ngram"].tries[0] == 0.0  # other buckets untouched
 
 

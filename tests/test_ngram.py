@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import random
+
 from homespec.engine.drafters import NgramDrafter
 from homespec.engine.ngram_memory import NgramMemory, since_boundary
 from homespec.engine.sampling import Draws, SamplingParams
@@ -215,3 +217,48 @@ def test_agreement_stops_at_the_last_boundary_token_within_the_limit() -> None:
     assert since_boundary([3, 4, 9], 32, marks) == 0  # the marker is the last token
     assert since_boundary([], 32, marks) == 32
     assert since_boundary([7, 1], 32, frozenset()) == 32  # no boundaries: the limit
+
+
+def test_a_glance_finds_every_match_a_lookup_would_price_as_long() -> None:
+    """Where `glance` says no, `propose` on the same history matches fewer than n_max tokens
+    (or none): a step that only glances misses no long match, in the request or the memory.
+    Histories over a 3-token alphabet repeat often; glances and lookups interleave, as steps
+    that stand and steps that ask do, so the index stays whole through glances."""
+    rng = random.Random(7)
+    looked, glanced = NgramDrafter(memory_tokens=64), NgramDrafter(memory_tokens=64)
+    misses = 0
+    for _ in range(3):
+        history = [rng.randrange(3) for _ in range(6)]
+        looked.reset()
+        glanced.reset()
+        for step in range(60):
+            history.append(rng.randrange(3) if rng.random() < 0.7 else 9 + step)
+            seen = glanced.glance(history) if step % 8 else None
+            if step % 8 == 0:
+                glanced.propose(history, 4, GREEDY, RNG)
+            looked.propose(history, 4, GREEDY, RNG)
+            if seen is False:
+                misses += 1
+                assert looked.match_len < looked.n_max, (history, looked.match_len)
+        looked.remember(history)
+        glanced.remember(history)
+    assert misses > 10  # the property was tried where it could fail
+
+
+def test_a_glance_sees_what_was_said_since_the_last_lookup() -> None:
+    d = NgramDrafter()
+    history = [9, 8, 7, 6, 5]
+    d.propose(history, 4, GREEDY, RNG)
+    seen = []
+    for token in [1, 2, 3, 4, 1, 2, 3, 4]:  # only glanced at: said after the last lookup
+        history.append(token)
+        seen.append(d.glance(history))
+    assert seen == [False] * 7 + [True]
+    assert d.propose(history, 4, GREEDY, RNG).tokens == [1, 2, 3, 4]
+
+
+def test_a_glance_always_looks_where_there_is_a_prediction() -> None:
+    d = NgramDrafter()
+    assert not d.glance([1, 2, 3, 4, 5])
+    d.predict([7, 8], 5)
+    assert d.glance([1, 2, 3, 4, 5])

@@ -15,7 +15,7 @@ from homespec.engine import generate as loop
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime, generate
-from homespec.engine.governor import SETTLE_STEPS
+from homespec.engine.governor import SETTLE_MAX, SETTLE_STEPS
 from homespec.engine.sampling import Draws, SamplingParams, pick, verify
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec
@@ -267,15 +267,32 @@ def test_a_governed_step_measures_its_own_work_beyond_its_decodes() -> None:
     assert 0.0 < rt.ledger.overhead["none"] < 2.0  # the 4-ms decodes are not counted in it
 
 
-# 24 governed steps (the last has no room to draft): asked, then SETTLE_STEPS steps stand
-@pytest.mark.parametrize(("own_share", "asks"), [(0.3, -(-24 // (SETTLE_STEPS + 1))), (0.01, 24)])
+def askings(steps: int) -> int:
+    """How often a governed answer of `steps` plain steps asks the governor where asking is
+    dear: once, then after SETTLE_STEPS steps stood, then after twice as many ... up to
+    SETTLE_MAX."""
+    asks, at, stand = 0, 0, 0
+    while at < steps:
+        asks += 1
+        stand = min(2 * stand, SETTLE_MAX) if stand else SETTLE_STEPS
+        at += stand + 1
+    return asks
+
+
+def test_askings_counts_each_stand_doubling() -> None:
+    assert [askings(n) for n in (1, 5, 6, 14, 15, 31, 32, 48, 49)] == [1, 1, 2, 2, 3, 3, 4, 4, 5]
+
+
+# 24 governed steps (the last has no room to draft): asked at the first, then the plain
+# choice stands SETTLE_STEPS steps, then twice as many after each asking
+@pytest.mark.parametrize(("own_share", "asks"), [(0.3, askings(24)), (0.01, 24)])
 def test_a_settled_plain_choice_skips_the_governor_where_asking_is_dear(
     monkeypatch: pytest.MonkeyPatch, own_share: float, asks: int
 ) -> None:
     """The alphabet after "x" has no repeat within 26 tokens: lookup never matches and there
     is no draft model, so every step is plain. Where a step's own work is a good share of a
-    decode (a GPU's), the plain choice stands SETTLE_STEPS steps after each asking; where it is
-    not (a CPU's), every step asks."""
+    decode (a GPU's), the plain choice stands SETTLE_STEPS steps after the first asking and
+    longer after each that settles again; where it is not (a CPU's), every step asks."""
     spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
     rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, NgramDrafter())
     monkeypatch.setattr(rt.ledger, "own_share", lambda: own_share)
@@ -290,7 +307,7 @@ def test_a_settled_plain_choice_skips_the_governor_where_asking_is_dear(
     assert len(asked) == asks and "governor: plain" in s.reason
 
 
-@pytest.mark.parametrize(("own_share", "asks"), [(0.3, -(-24 // (SETTLE_STEPS + 1))), (0.01, 24)])
+@pytest.mark.parametrize(("own_share", "asks"), [(0.3, askings(24)), (0.01, 24)])
 def test_a_settled_plain_choice_stands_through_matches_priced_from_the_same_table(
     monkeypatch: pytest.MonkeyPatch, own_share: float, asks: int
 ) -> None:
@@ -317,5 +334,35 @@ def test_a_settled_plain_choice_stands_through_matches_priced_from_the_same_tabl
     text, s = run(rt, dataclasses.replace(req, speculative=None))
     assert text == plain_text and s.draft_steps == 0
     assert all(inp.ngram_match > 0 for inp in asked)  # every asking priced a match
-    assert table.tries[0] > tried  # and every step learned what it would have kept
+    assert table.tries[0] > tried  # and each step that looked learned what it would have kept
     assert len(asked) == asks
+
+
+def test_a_standing_plain_choice_looks_up_only_what_a_glance_finds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where asking is dear, a step while the plain choice stands only glances at lookup: the
+    answer (the alphabet after "x": "yz abcdefghijklmnop...") meets "ab" and "bcd" of the
+    prompt on steps that stand, and goes on without a look at them; it meets "klmn", a 4-gram
+    the prompt has, and is looked up and asked about at once, whatever the stand had left."""
+    spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
+    rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, NgramDrafter())
+    monkeypatch.setattr(rt.ledger, "own_share", lambda: 0.3)
+    asked = []
+    choose = loop.choose
+    monkeypatch.setattr(loop, "choose", lambda inp: asked.append(inp) or choose(inp))
+    looked = []
+    propose = rt.ngram.propose
+    monkeypatch.setattr(rt.ngram, "propose", lambda h, *a: looked.append(len(h)) or propose(h, *a))
+    prompt = "ab0bcd0klmnop0x"
+    req = GenerationRequest(prompt=prompt, max_tokens=20, speculative=False)
+    plain_text, _ = run(rt, req)
+    assert plain_text.startswith("yz abcdefghijklmn")
+    text, s = run(rt, dataclasses.replace(req, speculative=None))
+    assert text == plain_text
+    start = len(rt.target.model.tokenize(prompt, special=True))
+    ends = [plain_text[: n - start] for n in looked]  # the answer so far, at each full lookup
+    assert not any(e.endswith(("ab", "bcd")) for e in ends)  # stood past: not looked up
+    assert any(e.endswith("klmn") for e in ends)  # a long match: looked up
+    assert any(inp.ngram_match > 0 for inp in asked)  # and asked about
+    assert len(asked) < s.verify_steps  # the rest stood

@@ -216,6 +216,19 @@ class NgramDrafter:
         self.from_memory, self.from_prediction = origin == "memory", origin == "prediction"
         return proposal
 
+    def glance(self, history: list[int]) -> bool:
+        """Whether a lookup now might find a match of n_max tokens or more: the history's last
+        n_max tokens were seen before (in it or in the memory), or there is a prediction. A
+        third of `propose`'s work: one table, no agreement measured, nothing proposed. Each
+        step while a plain choice stands (governor.standing) glances instead of looking up."""
+        if self.prediction is not None:
+            return True
+        self._update(history)
+        key = tuple(history[-self.n_max :])
+        if key in self._index[self.n_max]:
+            return True
+        return self.memory is not None and self.memory.knows(key)
+
     def lookahead(self, history: list[int], extra: list[int], k: int) -> tuple[list[int], int]:
         """What lookup would propose after `history` + `extra` (a draft model's tokens not
         verified yet), and its agreement length; ([], 0) for no match. Only `history` is

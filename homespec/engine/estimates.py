@@ -28,7 +28,7 @@ DECAY = 0.99  # per recorded step: acceptance evidence ages
 # holds the header, which every answer shares; NgramDrafter.reset): how an earlier answer
 # went on after the same first word. Its prior is below what a draft must be kept to pay
 # where verifying 2 tokens costs 1.5 plain steps (a CPU), above it where that is nearly
-# free (a GPU); the steps that do not use it measure it either way (learn_unused_match).
+# free (a GPU); the steps that do not use it measure it either way (Ledger.learn_unused_match).
 MATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 MATCH_PRIORS = {1: 0.4, 2: 0.6, 4: 0.65, 8: 0.75, 16: 0.85, 32: 0.9}  # the others optimistic
 # The same for proposals from a request's prediction (engine/prediction.py), kept apart: a

@@ -30,6 +30,8 @@ from homespec.engine.governor import (
     hand_over,
     next_window,
     settled,
+    stand_for,
+    standing,
 )
 from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
@@ -146,12 +148,15 @@ def _governed(
     lookup's continuation is worth more than its own next drafts (`hand_over`). `window`:
     the answer's cap on a lookup proposal (governor.next_window). The last
     values: how far behind the history the draft model was (0 unless it drafted), and what
-    lookup had to propose (whichever ran: see learn_unused_match). `last`: this answer's
+    lookup had to propose (whichever ran: see Ledger.learn_unused_match). `last`: this answer's
     last choice, which may stand for this step (governor.settled)."""
     ledger = rt.ledger
-    match = rt.ngram.propose(history, k, params, draws).tokens
+    since = ledger.steps - ledger.asked_at
+    # While the last choice stands, a look only where a glance finds a long match can be
+    looks = not standing(last, since) or rt.ngram.glance(history)
+    match = rt.ngram.propose(history, k, params, draws).tokens if looks else []
     table = table_key(rt.ngram.match_len, rt.ngram.from_prediction) if match else ""
-    if settled(last, ledger.steps - ledger.asked_at, table, ledger.own_share()):
+    if settled(last, since, table):
         ledger.chose("none")
         return "none", Proposal([]), last, 0, match
     draft = rt.draft if use_model else None
@@ -168,7 +173,8 @@ def _governed(
         horizon=horizon,
         ngram_window=window,
     )
-    choice = replace(choose(inputs), lookup=table)
+    choice = choose(inputs)
+    choice = replace(choice, lookup=table, stands=stand_for(last, choice, ledger.own_share()))
     ledger.chose(choice.option)
     ledger.asked_at = ledger.steps
     if choice.option == "ngram":
@@ -216,31 +222,6 @@ def _learn(
     if proposal.handed_over and kept >= own:
         table = ledger.acceptance(task, proposal.handover_match)
         table["ngram"].record(proposal.handed_over, kept - own)
-
-
-def learn_unused_match(
-    ledger: Ledger,
-    task: str | None,
-    match: list[int],
-    committed: list[int],
-    match_len: int,
-    predicted: bool = False,
-) -> None:
-    """What lookup would have had kept, on a step that did not use its proposal (`match`,
-    known before the step): as far as the step's `committed` tokens show, free evidence.
-    Position i is known tried only where the first i - 1 agreed and the step committed an
-    i-th token. It is the same evidence as a verify step's: lookup's drafts are certain
-    (q = 1), so a draft is kept with the target's probability of it, which is the chance
-    that the target's own token is it (at temperature 0: a draft is kept when it is).
-
-    Without it, a match length whose first two tries failed was priced too low to be drafted
-    again, and stayed so while the answer copied a paragraph a token a step under a match
-    growing from 9 to 15 tokens: plain steps, each of which lookup would have got right."""
-    seen = min(len(match), len(committed))
-    agree = next((i for i in range(seen) if match[i] != committed[i]), seen)
-    if seen:
-        proposed = agree + 1 if agree < seen else seen
-        ledger.acceptance(task, match_len, predicted=predicted)["ngram"].record(proposed, agree)
 
 
 def _predict(
@@ -439,8 +420,8 @@ def _steps(
                 handovers += 1
         committed = [*drafts[:n_kept], following]
         if match and source != "ngram" and not proposal.handed_over and req.learn:
-            learn_unused_match(
-                ledger, req.task, match, committed, rt.ngram.match_len, rt.ngram.from_prediction
+            ledger.learn_unused_match(
+                req.task, match, committed, rt.ngram.match_len, rt.ngram.from_prediction
             )
         emitted: list[Chunk] = []
         before = stats.completion_tokens

@@ -16,7 +16,7 @@ the price of one) gives long drafts; a steep one (a CPU) short ones; a draft mod
 the target is never worth it; acceptance that collapses turns speculation off. Now and then it
 re-tries the draft model when it is not using it, with a short draft (bounded exploration), so
 a draft model that starts paying is noticed; n-gram lookup needs no re-tries, as every step
-that has a match but does not use it measures it for free (generate.learn_unused_match). It
+that has a match but does not use it measures it for free (Ledger.learn_unused_match). It
 switches only for a clear gain (hysteresis). And while the draft model pays only a little, a
 plain step now and then measures plain decoding's cost again (PROBE_MS), which every estimate
 is weighed against and which wanders with the machine's memory traffic.
@@ -92,21 +92,27 @@ PROBE_MS = 2000.0
 PROBE_HORIZON = 32
 PROBE_BELOW = 1.5
 HYSTERESIS = 0.05  # a new option must be this much better than the one in use
-# A plain choice stands, without asking `choose` again, for SETTLE_STEPS steps while lookup has
-# no match, or one priced from the same table as at the asking (the same match length), and
-# no drafter came within SETTLE_BELOW of plain then (settled), where a step's own work is
-# SETTLE_SHARE or more of a one-token decode. Asking costs the lookup's and
-# the draft model's estimates at every length, about 0.15 ms a step on the 2-core box and on
-# the H100's host alike: an eighth of the GPU's 1.2-ms decode, where an answer `auto` ran
-# wholly plain came 14% slower than plain decoding; most steps of a prose answer have no match
-# (576 of unseen-5's 805). Beside a CPU's 20-ms decode it is a rounding error, and a choice left
-# standing costs more than that: at the CPU's fixed costs a 21-token answer ran 0.81x plain
-# where it had run level, its draft model's catch-up decided four steps late. (Standing only
-# without a match, prose asked at most steps: its 2-token matches come every few tokens. Also
-# through a match from the table priced at the asking, at the H100's fixed costs, no task:
-# unseen-5 1.00 -> 1.01x plain, every task level or up to 3% faster; unseen-1 1.10 -> 1.11x,
-# shipped 1.79 -> 1.80x.)
+# A plain choice stands, without asking `choose` again, where a step's own work is SETTLE_SHARE
+# or more of a one-token decode (a GPU's) and no drafter came within SETTLE_BELOW of plain at the
+# asking: for SETTLE_STEPS steps after the first such asking, twice as many after each asking
+# that settles again, up to SETTLE_MAX (stand_for). While it stands, a step only glances at
+# lookup (has the history's last n-gram of the longest length been seen before?) and looks up
+# in full only where it has: a copy or a remembered answer is noticed at once, the 2- and
+# 3-token matches that prose has every few tokens are not looked at; a full lookup's match
+# priced from another table than at the asking asks at once (settled). Asking costs the
+# lookup's and the draft model's estimates at every length, about 0.15 ms a step on the 2-core
+# box and on the H100's host alike; a full lookup 27-39 us in the loop on the 2-core box, a
+# glance 15. On the GPU's 1.2-ms decode, an answer `auto` ran wholly plain came 14% slower than
+# plain decoding; most steps of a prose answer have no match (576 of unseen-5's 805). Beside a
+# CPU's 20-ms decode it is a rounding error, and a choice left standing costs more than that: at
+# the CPU's fixed costs a 21-token answer ran 0.81x plain where it had run level, its draft
+# model's catch-up decided four steps late. (At the H100's fixed costs, no task: standing
+# through a match from the same table, unseen-5 1.00 -> 1.01x plain, unseen-1 1.10 -> 1.11x,
+# shipped 1.79 -> 1.80x; then the doubling stand and the glance, unseen-5 -> 1.03x, unseen-3
+# 1.38 -> 1.45x, shipped -> 1.77x: prose gained, code that drafts on short matches lost some.
+# docs/ARCHITECTURE.md, "A step's own work".)
 SETTLE_STEPS = 4
+SETTLE_MAX = 16
 SETTLE_BELOW = 0.8
 SETTLE_SHARE = 0.05
 STRETCH = 0.9  # an untried draft-model position: this times the estimate of the one before it
@@ -136,6 +142,7 @@ class Choice:
     # The acceptance table lookup was priced from at this choice (estimates.table_key; "": no
     # match to price): a plain choice stands for a match from the same one (settled)
     lookup: str = ""
+    stands: int = 0  # steps after its asking that it may stand without asking again (stand_for)
 
 
 @dataclass
@@ -321,9 +328,9 @@ def choose(inp: Inputs) -> Choice:
         return trial
     # Re-try, briefly, a draft model unused for EXPLORE_EVERY steps (not one that would first
     # have to catch up on a long stretch). Never n-gram lookup: a step that has a match and does
-    # not use it learns what lookup would have had kept, at no cost (learn_unused_match), where
-    # a re-try paid a verify of its drafts: a 1-token re-try cost 16 ms against a 10 ms plain
-    # step here, every 32 steps of a story whose matches were nearly always wrong. And only in
+    # not use it learns what lookup would have had kept, at no cost (Ledger.learn_unused_match),
+    # where a re-try paid a verify of its drafts: a 1-token re-try cost 16 ms against a 10 ms
+    # plain step here, every 32 steps of a story whose matches were nearly always wrong. And only in
     # place of a plain step, never of a lookup step: that one is a likely win to give up, and
     # the steps where lookup runs just as the draft model has been idle long enough are those
     # of a prompt seen before, its answer remembered (a greeting, a client's warm-up: the same
@@ -382,25 +389,32 @@ def choose(inp: Inputs) -> Choice:
     return Choice(best.option, best.k, best.tokens_per_ms / plain, why)
 
 
-def settled(
-    last: Choice | None, steps_since: int, match: str, own_share: float
-) -> TypeGuard[Choice]:
-    """Whether this step may run plain on the last choice (`steps_since` steps ago) without
-    asking `choose` again: that one chose plain with every drafter well short of paying
-    (SETTLE_BELOW), lookup has no match now (`match`: the table a match would be priced
-    from, "" for none) or one priced from the table it was priced from then, it was asked
-    less than SETTLE_STEPS steps ago, and a plain step's own work is worth saving
-    (`own_share`: it over a one-token decode, at least SETTLE_SHARE). A draft model that
-    starts to pay, a trial or a re-try waits that many steps at most; a match of another
-    length (another table) never waits. (True says `last` is a Choice.)"""
-    return (
-        own_share >= SETTLE_SHARE
-        and last is not None
-        and last.option == "none"
-        and last.rival < SETTLE_BELOW
-        and match in ("", last.lookup)
-        and steps_since < SETTLE_STEPS
-    )
+def stand_for(last: Choice | None, choice: Choice, own_share: float) -> int:
+    """How many steps `choice`, just asked for, may stand without asking again: none unless it
+    is plain with every drafter well short of paying (SETTLE_BELOW) and a plain step's own work
+    is worth saving (`own_share`: it over a one-token decode, at least SETTLE_SHARE); then
+    SETTLE_STEPS, or twice what `last` (the answer's choice before it) stood for where that one
+    had settled too, up to SETTLE_MAX. A draft model that starts to pay, a trial or a re-try
+    waits that many steps at most."""
+    if own_share < SETTLE_SHARE or choice.option != "none" or choice.rival >= SETTLE_BELOW:
+        return 0
+    if last is None or not last.stands:
+        return SETTLE_STEPS
+    return min(2 * last.stands, SETTLE_MAX)
+
+
+def standing(last: Choice | None, steps_since: int) -> TypeGuard[Choice]:
+    """Whether `last`, asked for `steps_since` steps ago, may still stand (stand_for), if
+    lookup agrees (settled). (True says `last` is a Choice.)"""
+    return last is not None and steps_since < last.stands
+
+
+def settled(last: Choice | None, steps_since: int, match: str) -> TypeGuard[Choice]:
+    """Whether this step may run plain on the last choice without asking `choose` again: it
+    may still stand, and lookup has no match now (`match`: the table a match would be priced
+    from, "" for none) or one priced from the table it was priced from then; a match of
+    another length (another table) never waits. (True says `last` is a Choice.)"""
+    return standing(last, steps_since) and match in ("", last.lookup)
 
 
 def hand_over(inp: Inputs) -> int:

@@ -135,6 +135,30 @@ class Ledger:
         table["model"].prior_weight = self.model_prior_weight
         return {"ngram": table[key], "model": table["model"]}
 
+    def learn_unused_match(
+        self,
+        task: str | None,
+        match: list[int],
+        committed: list[int],
+        match_len: int,
+        predicted: bool = False,
+    ) -> None:
+        """What lookup would have had kept, on a step that did not use its proposal (`match`,
+        known before the step): as far as the step's `committed` tokens show, free evidence.
+        Position i is known tried only where the first i - 1 agreed and the step committed an
+        i-th token. It is the same evidence as a verify step's: lookup's drafts are certain
+        (q = 1), so a draft is kept with the target's probability of it, which is the chance
+        that the target's own token is it (at temperature 0: a draft is kept when it is).
+
+        Without it, a match length whose first two tries failed was priced too low to be drafted
+        again, and stayed so while the answer copied a paragraph a token a step under a match
+        growing from 9 to 15 tokens: plain steps, each of which lookup would have got right."""
+        seen = min(len(match), len(committed))
+        agree = next((i for i in range(seen) if match[i] != committed[i]), seen)
+        if seen:
+            proposed = agree + 1 if agree < seen else seen
+            self.acceptance(task, match_len, predicted=predicted)["ngram"].record(proposed, agree)
+
     def _new(
         self, key: str, default: float, *, seed: bool = False, weight: float = PRIOR_WEIGHT
     ) -> Acceptance:

@@ -88,6 +88,10 @@ class NgramMemory:
             if len(places) > self.CANDIDATES:
                 del places[0]
 
+    def knows(self, ngram: tuple[int, ...]) -> bool:
+        """Whether these n tokens were remembered followed by another."""
+        return ngram in self._index
+
     def lookup(self, history: Sequence[int], cap: int | None = None) -> tuple[int, int] | None:
         """(agreement length, place) of the remembered context that agrees longest with the
         end of `history`; None when its last n-gram was never seen. Agreement counts at most
