@@ -152,7 +152,7 @@ def _governed(
     last choice, which may stand for this step (governor.settled)."""
     ledger = rt.ledger
     since = ledger.steps - ledger.asked_at
-    # While the last choice stands, a look only where a glance finds a long match can be
+    # While the last choice stands, lookup looks only where a glance says a long match can be
     looks = not standing(last, since) or rt.ngram.glance(history)
     match = rt.ngram.propose(history, k, params, draws).tokens if looks else []
     table = table_key(rt.ngram.match_len, rt.ngram.from_prediction) if match else ""
