@@ -131,7 +131,8 @@ def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: list[float]) -> N
     drafts = governed - plain + drafting
     rt.ledger.overhead = {"none": governed, "ngram": drafts, "model": drafts}
     rt.ledger.observe_step = lambda option, wall_ms: None  # type: ignore[method-assign]
-    extra = [0.0, 0.0]  # this step's governor work so far; 1.0 while a governed step runs
+    extra = [0.0]  # this step's governor work so far
+    governed_step = [False]  # a forced lookup's own work is in its `drafting`, not `lookup`
     started = rt.ledger.step_started
     choose: Callable[[Inputs], Choice] = vars(loop)["choose"]
     verify: Callable[..., tuple[int, int]] = vars(loop)["verify"]
@@ -139,11 +140,12 @@ def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: list[float]) -> N
     propose, glanced = ngram.propose, ngram.glance
 
     def step_started() -> None:
-        extra[:] = [0.0, 1.0]  # a governed step looks up n-grams, and may ask the governor
+        extra[0], governed_step[0] = 0.0, True  # it looks up or glances, and may ask
         started()
 
     def looked_up(*args: Any, **kw: Any) -> Proposal:
-        extra[0] += lookup * extra[1]  # forced lookup's is in its `drafting`
+        if governed_step[0]:
+            extra[0] += lookup
         return propose(*args, **kw)
 
     def glanced_at(history: list[int]) -> bool:
@@ -156,7 +158,7 @@ def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: list[float]) -> N
 
     def priced(drafts: list[int], *args: object, **kw: object) -> tuple[int, int]:
         clock[0] += (drafting if drafts else plain) + extra[0]
-        extra[:] = [0.0, 0.0]
+        extra[0], governed_step[0] = 0.0, False
         return verify(drafts, *args, **kw)
 
     rt.ledger.step_started = step_started  # type: ignore[method-assign]

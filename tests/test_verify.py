@@ -15,7 +15,7 @@ from homespec.engine import generate as loop
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime, generate
-from homespec.engine.governor import SETTLE_MAX, SETTLE_STEPS
+from homespec.engine.governor import SETTLE_MAX, SETTLE_STEPS, Inputs
 from homespec.engine.sampling import Draws, SamplingParams, pick, verify
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec
@@ -267,6 +267,14 @@ def test_a_governed_step_measures_its_own_work_beyond_its_decodes() -> None:
     assert 0.0 < rt.ledger.overhead["none"] < 2.0  # the 4-ms decodes are not counted in it
 
 
+def askings_of(monkeypatch: pytest.MonkeyPatch) -> list[Inputs]:
+    """The Inputs of every asking of the governor from here on, as the loop asks it."""
+    asked: list[Inputs] = []
+    choose = loop.choose
+    monkeypatch.setattr(loop, "choose", lambda inp: asked.append(inp) or choose(inp))
+    return asked
+
+
 def askings(steps: int) -> int:
     """How often a governed answer of `steps` plain steps asks the governor where asking is
     dear: once, then after SETTLE_STEPS steps stood, then after twice as many ... up to
@@ -296,9 +304,7 @@ def test_a_settled_plain_choice_skips_the_governor_where_asking_is_dear(
     spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
     rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, NgramDrafter())
     monkeypatch.setattr(rt.ledger, "own_share", lambda: own_share)
-    asked = []
-    choose = loop.choose
-    monkeypatch.setattr(loop, "choose", lambda inp: asked.append(inp) or choose(inp))
+    asked = askings_of(monkeypatch)
     req = GenerationRequest(prompt="x", max_tokens=26, speculative=False)
     plain_text, _ = run(rt, req)
     assert not asked
@@ -323,9 +329,7 @@ def test_a_settled_plain_choice_stands_through_matches_priced_from_the_same_tabl
     for _ in range(50):
         table.record(4, 0)
     monkeypatch.setattr(rt.ledger, "own_share", lambda: own_share)
-    asked = []
-    choose = loop.choose
-    monkeypatch.setattr(loop, "choose", lambda inp: asked.append(inp) or choose(inp))
+    asked = askings_of(monkeypatch)
     letters = "abcdefghijklmnopqrstuvwxyz"
     pairs = " ".join(f"{a}{b}{i % 10}" for i, (a, b) in enumerate(itertools.pairwise(letters)))
     req = GenerationRequest(prompt=pairs + " a", max_tokens=26, speculative=False, task="spell")
@@ -348,9 +352,7 @@ def test_a_standing_plain_choice_looks_up_only_what_a_glance_finds(
     spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
     rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, NgramDrafter())
     monkeypatch.setattr(rt.ledger, "own_share", lambda: 0.3)
-    asked = []
-    choose = loop.choose
-    monkeypatch.setattr(loop, "choose", lambda inp: asked.append(inp) or choose(inp))
+    asked = askings_of(monkeypatch)
     looked = []
     propose = rt.ngram.propose
     monkeypatch.setattr(rt.ngram, "propose", lambda h, *a: looked.append(len(h)) or propose(h, *a))
