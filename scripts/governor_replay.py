@@ -144,9 +144,27 @@ def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: list[float]) -> N
         started()
 
     def looked_up(*args: Any, **kw: Any) -> Proposal:
-        if governed_step[0]:
+        if governed_step[0] and not waiting[0]:
             extra[0] += lookup
         return propose(*args, **kw)
+
+    # A lookup while the target decodes (a standing step's, to learn from: generate.look_up)
+    # is free: on a GPU the card is still computing, and on a CPU nothing stands.
+    waiting = [False]
+    extend = rt.target.extend
+
+    def extended(
+        history: list[int], n_logits: int = 1, while_waiting: Callable[[], None] | None = None
+    ) -> Any:
+        def in_the_shadow() -> None:
+            assert while_waiting is not None
+            waiting[0] = True
+            try:
+                while_waiting()
+            finally:
+                waiting[0] = False
+
+        return extend(history, n_logits, in_the_shadow if while_waiting else None)
 
     def glanced_at(history: list[int]) -> bool:
         extra[0] += glance
@@ -162,6 +180,7 @@ def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: list[float]) -> N
         return verify(drafts, *args, **kw)
 
     rt.ledger.step_started = step_started  # type: ignore[method-assign]
+    rt.target.extend = extended  # type: ignore[method-assign]
     ngram.propose, ngram.glance = looked_up, glanced_at  # type: ignore[method-assign]
     vars(loop).update(choose=asked, verify=priced)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -111,7 +112,12 @@ class FakeTarget:
             token = (token + 1) % 256
         return token
 
-    def extend(self, history: list[int], n_logits: int = 1) -> npt.NDArray[np.float32]:
+    def extend(
+        self,
+        history: list[int],
+        n_logits: int = 1,
+        while_waiting: Callable[[], None] | None = None,
+    ) -> npt.NDArray[np.float32]:
         if len(history) > self.n_ctx:
             raise ValueError(f"{len(history)} tokens over the {self.n_ctx}-token context")
         if not 1 <= n_logits <= min(len(history), self.n_outputs_max):
@@ -130,6 +136,8 @@ class FakeTarget:
         self.site.mark(Site.IDLE)
         self.tokens = list(history)
         self.decodes += 1
+        if while_waiting is not None:
+            while_waiting()
         self._logits.fill(0.0)
         for row, end in enumerate(range(len(history) - n_logits + 1, len(history) + 1)):
             self._logits[row, self.next_token(history[:end])] = 12.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from scipy.stats import chisquare
 
 from homespec.cli_common import stats_line
 from homespec.engine import generate as loop
-from homespec.engine.drafters import ModelDrafter, NgramDrafter
+from homespec.engine.drafters import ModelDrafter, NgramDrafter, Proposal
 from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import PairRuntime, generate
 from homespec.engine.governor import SETTLE_MAX, SETTLE_STEPS, Inputs
@@ -342,6 +344,54 @@ def test_a_settled_plain_choice_stands_through_matches_priced_from_the_same_tabl
     assert len(asked) == asks
 
 
+def spy_on_extend(
+    extend: Callable[..., Any], waited: list[bool]
+) -> Callable[[list[int], int, Callable[[], None] | None], Any]:
+    """`extend`, noting at each decode whether something was asked to run while it decoded."""
+
+    def spied(h: list[int], n: int = 1, w: Callable[[], None] | None = None) -> Any:
+        waited.append(w is not None)
+        return extend(h, n, w)
+
+    return spied
+
+
+def test_a_standing_plain_choice_learns_what_lookup_had_as_a_choice_asked_each_step_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The answer above, which meets a wrong 2-token match at every step: where asking is dear
+    the plain choice stands and its steps only glance before deciding, but each looks up in
+    full while the target decodes, so the 2-token table learns from every step as much as
+    where every step asks (without that lookup it learned from the askings alone)."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pairs = " ".join(f"{a}{b}{i % 10}" for i, (a, b) in enumerate(itertools.pairwise(letters)))
+    req = GenerationRequest(prompt=pairs + " a", max_tokens=26, task="spell")
+    learned = {}
+    for own_share in (0.01, 0.3):
+        spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
+        target = FakeTarget(decode_s=0)
+        rt = PairRuntime("p", spec, target, None, NgramDrafter())
+        rt.ledger.verify = CostCurve({n: 20.0 + 10.0 * n for n in (1, 2, 4, 8, 16, 32)})
+        monkeypatch.setattr(rt.ledger.verify, "observe", lambda n, ms: None)
+        table = rt.ledger.acceptance("spell", 2)["ngram"]
+        for _ in range(50):
+            table.record(4, 0)
+        monkeypatch.setattr(rt.ledger, "own_share", lambda share=own_share: share)
+        waited: list[bool] = []  # at each decode, whether something ran while it decoded
+        monkeypatch.setattr(target, "extend", spy_on_extend(target.extend, waited))
+        asked = askings_of(monkeypatch)
+        _, s = run(rt, req)
+        assert s.draft_steps == 0
+        learned[own_share] = (table.tries[0], table.kept[0])
+        if own_share == 0.3:
+            assert len(asked) < s.verify_steps  # it stood
+            # and each step that stood looked (the last one, with no room to draft, is plain)
+            assert sum(waited) == s.verify_steps - 1 - len(asked)
+        else:
+            assert not any(waited)  # every step looked up before it asked
+    assert learned[0.3] == learned[0.01]
+
+
 def test_a_standing_plain_choice_looks_up_only_what_a_glance_finds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -353,9 +403,26 @@ def test_a_standing_plain_choice_looks_up_only_what_a_glance_finds(
     rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, NgramDrafter())
     monkeypatch.setattr(rt.ledger, "own_share", lambda: 0.3)
     asked = askings_of(monkeypatch)
-    looked = []
-    propose = rt.ngram.propose
-    monkeypatch.setattr(rt.ngram, "propose", lambda h, *a: looked.append(len(h)) or propose(h, *a))
+    looked: list[int] = []  # the history's length at each full lookup before a decode
+    shadowed: list[int] = []  # ... and at each while the target decodes (to learn from)
+    decoding = [False]
+    propose, extend = rt.ngram.propose, rt.target.extend
+
+    def spy(h: list[int], *a: Any) -> Proposal:
+        (shadowed if decoding[0] else looked).append(len(h))
+        return propose(h, *a)
+
+    def decode(h: list[int], n: int = 1, w: Callable[[], None] | None = None) -> Any:
+        def meanwhile() -> None:
+            assert w is not None
+            decoding[0] = True
+            w()
+            decoding[0] = False
+
+        return extend(h, n, meanwhile if w else None)
+
+    monkeypatch.setattr(rt.ngram, "propose", spy)
+    monkeypatch.setattr(rt.target, "extend", decode)
     prompt = "ab0bcd0klmnop0x"
     req = GenerationRequest(prompt=prompt, max_tokens=20, speculative=False)
     plain_text, _ = run(rt, req)
@@ -365,6 +432,8 @@ def test_a_standing_plain_choice_looks_up_only_what_a_glance_finds(
     start = len(rt.target.model.tokenize(prompt, special=True))
     ends = [plain_text[: n - start] for n in looked]  # the answer so far, at each full lookup
     assert not any(e.endswith(("ab", "bcd")) for e in ends)  # stood past: not looked up
+    learned = [plain_text[: n - start] for n in shadowed]  # ... but while the target decoded
+    assert any(e.endswith("ab") for e in learned)
     assert any(e.endswith("klmn") for e in ends)  # a long match: looked up
     assert any(inp.ngram_match > 0 for inp in asked)  # and asked about
     assert len(asked) < s.verify_steps  # the rest stood

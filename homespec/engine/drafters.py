@@ -221,7 +221,8 @@ class NgramDrafter:
         n_max tokens were seen before (in it or in the memory), or there is a prediction. One
         table, no agreement measured, nothing proposed: 15 us in the loop on the 2-core box to
         `propose`'s 27-39. Each step while a plain choice stands (governor.standing) glances,
-        and looks up only where this says a long match can be there."""
+        and looks up before it decides only where this says a long match can be there (the
+        others look up while the target decodes, only to learn from: generate.look_up)."""
         if self.prediction is not None:
             return True
         self._update(history)

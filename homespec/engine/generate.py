@@ -141,15 +141,16 @@ def _governed(
     room: int = 0,
     window: int = MAX_K,
     last: Choice | None = None,
-) -> tuple[str, Proposal, Choice, int, list[int]]:
+) -> tuple[str, Proposal, Choice, int, list[int] | None]:
     """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
     up first: a match is known before the step), the draft model (when `use_model`), or none.
     A draft model hands its proposal over to n-gram lookup part-way where the governor says
     lookup's continuation is worth more than its own next drafts (`hand_over`). `window`:
     the answer's cap on a lookup proposal (governor.next_window). The last
     values: how far behind the history the draft model was (0 unless it drafted), and what
-    lookup had to propose (whichever ran: see Ledger.learn_unused_match). `last`: this answer's
-    last choice, which may stand for this step (governor.settled)."""
+    lookup had to propose (whichever ran: see Ledger.learn_unused_match; None where a
+    standing choice only glanced: the loop looks up while the target decodes, to learn from).
+    `last`: this answer's last choice, which may stand for this step (governor.settled)."""
     ledger = rt.ledger
     since = ledger.steps - ledger.asked_at
     # While the last choice stands, lookup looks only where a glance says a long match can be
@@ -158,7 +159,7 @@ def _governed(
     table = table_key(rt.ngram.match_len, rt.ngram.from_prediction) if match else ""
     if settled(last, since, table):
         ledger.chose("none")
-        return "none", Proposal([]), last, 0, match
+        return "none", Proposal([]), last, 0, match if looks else None
     draft = rt.draft if use_model else None
     lag = draft.lag(history) if draft else 0
     horizon = ledger.horizon(task, generated, room, lag)
@@ -363,6 +364,15 @@ def _steps(
     by_lookup = 0  # answer tokens n-gram steps committed (Ledger.observe_lookup_share)
     window = MAX_K  # lookup's cap in this answer (governor.next_window)
     governed = decision.drafter == "auto"
+    looked: list[int] = []  # what lookup had at a step that only glanced (set while decoding)
+
+    def look_up() -> None:
+        """A standing step's full lookup, for what it teaches (learn_unused_match) and not for
+        the step: run while the target decodes, free on a GPU (a step there glances because
+        looking up first costs; on a CPU, where nothing stands, it would run after)."""
+        nonlocal looked
+        looked = rt.ngram.propose(history, k, params, draws).tokens
+
     while not done:
         t_step = time.perf_counter()
         if governed:
@@ -372,7 +382,7 @@ def _steps(
         if adapter is not None:
             adapter.tick()
         source, proposal = "none", Proposal([])
-        match: list[int] = []
+        match: list[int] | None = []
         if governed and k > 0:
             source, proposal, last, lag, match = _governed(
                 rt,
@@ -395,9 +405,12 @@ def _steps(
             if source in ("model", "hybrid") and rt.draft is not None:
                 ledger.observe_draft(rt.draft.take_decodes())
         drafts = proposal.tokens
+        looked = []
+        shadow = look_up if match is None and req.learn else None
         t0 = time.perf_counter()
-        logits = rt.target.extend(history + drafts, len(drafts) + 1)
+        logits = rt.target.extend(history + drafts, len(drafts) + 1, shadow)
         ms = (time.perf_counter() - t0) * 1000.0
+        match = looked if match is None else match
         ledger.observe_verify(len(drafts) + 1, ms)
         if adapter is not None:
             adapter.observe(len(drafts) + 1, ms)

@@ -109,7 +109,9 @@ HYSTERESIS = 0.05  # a new option must be this much better than the one in use
 # model's catch-up decided four steps late. (At the H100's fixed costs, no task: standing
 # through a match from the same table, unseen-5 1.00 -> 1.01x plain, unseen-1 1.10 -> 1.11x,
 # shipped 1.79 -> 1.80x; then the doubling stand and the glance, unseen-5 -> 1.03x, unseen-3
-# 1.38 -> 1.45x, shipped -> 1.77x: prose gained, code that drafts on short matches lost some.
+# 1.38 -> 1.45x, shipped -> 1.77x: prose gained, code that drafts on short matches lost some,
+# as those steps learned nothing of short matches; they now look up while the target decodes,
+# to learn from it, free on a GPU: shipped -> 1.84x, unseen-4 1.60 -> 1.64x, unseen-5 -> 1.04x.
 # docs/ARCHITECTURE.md, "A step's own work".)
 SETTLE_STEPS = 4
 SETTLE_MAX = 16

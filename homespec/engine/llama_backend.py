@@ -12,7 +12,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import llama_cpp as lc
@@ -358,12 +358,17 @@ class LlamaContext:
                 n = 0
             del self.tokens[n:]
 
-    def extend(self, history: list[int], n_logits: int = 1) -> np.ndarray:
+    def extend(
+        self,
+        history: list[int],
+        n_logits: int = 1,
+        while_waiting: Callable[[], None] | None = None,
+    ) -> np.ndarray:
         """Logits (n_logits × n_vocab, float32) for the last n_logits positions of `history`:
         a read-only view of llama.cpp's buffer, valid until this context's next extend or
         clear (copy what must outlive it). A verify step reads only the rows up to its first
         rejection; copying all of them cost 2 ms a step for 20 drafts here (fresh pages for
-        4 MB), more than a whole 64-token verify on a GPU."""
+        4 MB), more than a whole 64-token verify on a GPU. `while_waiting`: see Target.extend."""
         if len(history) > self.n_ctx:
             raise RequestError(
                 f"{len(history)} tokens do not fit the {self.n_ctx}-token context",
@@ -382,6 +387,12 @@ class LlamaContext:
         for start in range(common, split, self.n_batch):
             self._decode(history, start, min(start + self.n_batch, split), first_logit)
         self._decode(history, split, len(history), first_logit)
+        if while_waiting is not None:
+            try:
+                while_waiting()
+            except BaseException:
+                lc.llama_synchronize(self._ctx)  # nothing of this context left in flight
+                raise
         # Reading the logits waits for the decode (on a GPU llama_decode only queues it)
         t0 = time.perf_counter()
         address = ctypes.cast(lc.llama_get_logits(self._ctx), ctypes.c_void_p).value

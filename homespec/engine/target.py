@@ -8,6 +8,7 @@ history and reads logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -48,9 +49,19 @@ class Target(Protocol):
         """What the cache holds, position by position."""
         ...
 
-    def extend(self, history: list[int], n_logits: int = 1) -> npt.NDArray[np.float32]:
+    def extend(
+        self,
+        history: list[int],
+        n_logits: int = 1,
+        while_waiting: Callable[[], None] | None = None,
+    ) -> npt.NDArray[np.float32]:
         """Make the cache hold exactly `history`; the logits of its last `n_logits` positions,
-        valid until the next extend or clear (a view of llama.cpp's buffer, not a copy)."""
+        valid until the next extend or clear (a view of llama.cpp's buffer, not a copy).
+        `while_waiting`, if given, runs once the decodes are queued and before their logits
+        are read: on a GPU, where llama_decode only queues the work, while the card computes
+        (the first H100 run, timing llama_decode alone, found about a millisecond of a plain
+        step's GPU time after it returned); on a CPU, whose decode is over when llama_decode
+        returns, after it."""
         ...
 
     def clear(self) -> None: ...
