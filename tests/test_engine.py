@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -127,8 +128,10 @@ def test_speculative_equals_plain(
     plain_logits: dict[int, np.ndarray] = {}
     extend = rt.target.extend
 
-    def recording_extend(history: list[int], n_logits: int = 1) -> np.ndarray:
-        out = extend(history, n_logits)
+    def recording_extend(
+        history: list[int], n_logits: int = 1, while_waiting: Callable[[], None] | None = None
+    ) -> np.ndarray:
+        out = extend(history, n_logits, while_waiting)
         plain_logits[len(history)] = out[-1].copy()
         return out
 
