@@ -317,6 +317,26 @@ def test_a_match_the_step_did_not_use_is_learned_from_the_tokens_it_committed() 
     assert ledger.acceptance("rewrite", 2)["ngram"].tries[0] == 0.0  # other buckets untouched
 
 
+def test_contested_matches_are_priced_and_learned_apart() -> None:
+    """A match whose places went on in different ways (NgramDrafter.contested) is priced from
+    a table of its own, with a lower prior: in one table, contested 2-token matches had drafted
+    on what the others had earned. Each learns from its own steps, and both are kept across a
+    restart."""
+    ledger = Ledger()
+    plain = ledger.acceptance("chat", 2)["ngram"]
+    contested = ledger.acceptance("chat", 2, contested=True)["ngram"]
+    assert contested is not plain and contested.prior < plain.prior
+    ledger.learn_unused_match("chat", [5, 6], [9], 2, contested=True)
+    assert (contested.tries[0], contested.kept[0], plain.tries[0]) == (1.0, 0.0, 0.0)
+    ledger.learn_unused_match("chat", [5, 6], [5, 6, 7], 2)
+    assert (plain.kept[:2], contested.tries[0]) == ([1.0, 1.0], 1.0)  # untouched
+    at = ledger.inputs("chat", has_model=False, match=4, max_k=8, match_len=2, contested=True)
+    assert at.acceptance["ngram"] is contested
+    again = Ledger()
+    assert again.restore_acceptance(json.loads(json.dumps(ledger.acceptance_state()))) == 1
+    assert again.by_task["chat"]["contested@2"].tries == contested.tries
+
+
 def test_a_draft_model_priced_out_in_a_busy_spell_is_priced_back_in_after_it() -> None:
     """The draft model's costs are measured only while it drafts, the target's at every step.
     Measured while a neighbour doubled every decode, the draft model stops paying and is no

@@ -46,6 +46,37 @@ def test_the_longest_agreement_wins_over_the_most_recent_place() -> None:
     assert d.match_len == 4  # 1, 2, 3, 4 agree; before them, the history starts
 
 
+def test_a_match_whose_places_went_on_differently_is_contested() -> None:
+    """Where at most half of the places the last n-gram was seen at went on as the proposal
+    does, the proposal is the next token far less often (prose's "of the"): the drafter says
+    so, and proposes as it would have (the governor prices it from tables of its own)."""
+    d = NgramDrafter(n_min=2, n_max=2)
+    split = [1, 2, 3, 4, 50, 51, 8, 9, 3, 4, 60, 61, 0, 1, 2, 3, 4]  # [3, 4]: 50 once, 60 once
+    assert d.propose(split, 2, GREEDY, RNG).tokens == [50, 51] and d.contested
+    d.reset()
+    agreed = [3, 4, 50, 7, 3, 4, 50, 8, 3, 4, 60, 9, 3, 4, 50, 6, 3, 4]  # 3 of 4 say 50
+    assert d.propose(agreed, 1, GREEDY, RNG).tokens == [50] and not d.contested
+    d.reset()
+    assert d.propose([3, 4, 50, 3, 4], 1, GREEDY, RNG).tokens == [50] and not d.contested
+    d.reset()  # the minority's place agrees longest: proposed, and contested
+    minority = [7, 3, 4, 60, 1, 3, 4, 50, 2, 3, 4, 50, 7, 3, 4]
+    assert d.propose(minority, 1, GREEDY, RNG).tokens == [60] and d.contested
+    assert d.lookahead(minority[:-1], [4], 1) == ([60], 3, True)
+
+
+def test_a_contested_match_in_the_memory_says_so() -> None:
+    d = NgramDrafter(n_min=2, n_max=2, memory_tokens=1000)
+    d.remember([5, 1, 2, 30, 6])
+    d.remember([7, 1, 2, 40, 8])
+    d.reset()
+    assert d.propose([9, 1, 2], 1, GREEDY, RNG).tokens == [40]
+    assert d.from_memory and d.contested
+    d.remember([7, 1, 2, 40, 8])
+    d.reset()  # 40 has two places of three behind it now
+    assert d.propose([9, 1, 2], 1, GREEDY, RNG).tokens == [40]
+    assert d.from_memory and not d.contested
+
+
 def test_a_repeating_answer_is_proposed_past_the_present() -> None:
     d = NgramDrafter(n_min=2, n_max=3)
     loop = [7, 8, 9, 10]
@@ -62,7 +93,7 @@ def test_lookahead_matches_after_unverified_drafts_and_never_indexes_them() -> N
     d = NgramDrafter(n_min=2, n_max=3)
     history = [1, 2, 3, 7, 8, 5, 0]
     assert d.propose(history, 3, GREEDY, RNG).tokens == []
-    assert d.lookahead(history, [1, 2], 3) == ([3, 7, 8], 2)
+    assert d.lookahead(history, [1, 2], 3) == ([3, 7, 8], 2, False)
     assert d.match_len == 0  # the step's own lookup is what it was
     # Rejected: the history went on with 5, 0, 5 instead. The index holds only what was.
     history += [5, 0, 5]

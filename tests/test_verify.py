@@ -234,6 +234,24 @@ def test_an_answer_cut_at_max_tokens_does_not_teach_the_governor_it_was_short() 
     assert rt.ledger.horizon("brief", generated=0, room=60) == len("short") + 1
 
 
+def test_a_contested_match_is_learned_in_its_own_tables_and_the_answer_stays_plains() -> None:
+    """The fake echoes the prompt, in which "ab" went on five ways: at the answer's first "ab"
+    lookup proposes the most recent way (5, where the answer goes on with 1), a contested
+    match, and that is learned apart from the clean matches after it (each of "1 ab" and its
+    like went on one way only, and the agreement grows as the answer copies), which are
+    right."""
+    rt = runtime(wrong_every=5)
+    ask = [Message("user", "ab1 ab2 ab3 ab4 ab5 zz")]
+    plain_text, _ = run(rt, GenerationRequest(messages=ask, max_tokens=40, speculative=False))
+    text, _ = run(rt, GenerationRequest(messages=ask, max_tokens=40, task="echo"))
+    assert text == plain_text == "ab1 ab2 ab3 ab4 ab5 zz"
+    tables = rt.ledger.by_task["echo"]
+    assert tables["contested@2"].tries[0] == 1.0 and tables["contested@2"].kept[0] == 0.0
+    assert [key for key in tables if key.startswith("contested@")] == ["contested@2"]
+    clean = [acc for key, acc in tables.items() if key.startswith("ngram@") and acc.tries[0]]
+    assert clean and all(acc.kept[0] == acc.tries[0] for acc in clean)
+
+
 def test_a_draft_model_hands_a_copying_answer_over_to_lookup_and_the_output_stays_plains() -> None:
     """The answer copies the prompt. Its first step has no n-gram match (the answer's first
     token starts no earlier 2-gram), so the governor picks the draft model, measured right on

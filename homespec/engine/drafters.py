@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from homespec.engine.ngram_memory import NgramMemory, since_boundary
+from homespec.engine.ngram_memory import NgramMemory, contested, since_boundary
 from homespec.engine.prediction import Prediction
 from homespec.engine.sampling import Draws, SamplingParams, log_weights, top_probability
 from homespec.engine.target import Target, shared_prefix
@@ -29,14 +29,17 @@ from homespec.engine.target import Target, shared_prefix
 class Proposal:
     tokens: list[int]
     # The last `handed_over` tokens came from n-gram lookup, part-way through a draft-model
-    # proposal (ModelDrafter.propose's `hand_over`), after a match `handover_match` long.
+    # proposal (ModelDrafter.propose's `hand_over`), after a match `handover_match` long
+    # (`handover_contested`: see NgramDrafter.contested).
     handed_over: int = 0
     handover_match: int = 0
+    handover_contested: bool = False
 
 
 # Given a draft model's tokens so far in a proposal: the n-gram tokens to finish it with (as
-# many as the caller allows), and their match length; ([], 0): draft on.
-HandOver = Callable[[list[int]], tuple[list[int], int]]
+# many as the caller allows), their match length and whether it is contested; ([], 0, False):
+# draft on.
+HandOver = Callable[[list[int]], tuple[list[int], int, bool]]
 
 
 class Drafter(Protocol):
@@ -106,10 +109,13 @@ class ModelDrafter:
             if self.ctx.model.is_eog(token):
                 break
             if hand_over is not None and len(tokens) < k:
-                found, match_len = hand_over(tokens)
+                found, match_len, disputed = hand_over(tokens)
                 if found:
                     return Proposal(
-                        tokens + found, handed_over=len(found), handover_match=match_len
+                        tokens + found,
+                        handed_over=len(found),
+                        handover_match=match_len,
+                        handover_contested=disputed,
                     )
         return Proposal(tokens)
 
@@ -155,6 +161,9 @@ class NgramDrafter:
         self.match_len = 0  # of the last proposal (0: none)
         self.from_memory = False  # the last proposal came from an earlier request
         self.from_prediction = False  # ... from the request's prediction (see predict)
+        # ... at most half of the places its n-gram was seen at went on as it does (the
+        # governor prices it from tables of its own: estimates.CONTESTED_PRIORS)
+        self.contested = False
         self.answer_start = 0  # see reset
         self.prediction: Prediction | None = None
         self.reset()
@@ -174,6 +183,7 @@ class NgramDrafter:
         self.match_len = 0
         self.from_memory = False
         self.from_prediction = False
+        self.contested = False
         self.answer_start = 0
         self.prediction = None
 
@@ -212,7 +222,7 @@ class NgramDrafter:
 
     def propose(self, history: list[int], k: int, params: SamplingParams, draws: Draws) -> Proposal:
         self._update(history)
-        proposal, self.match_len, origin = self._continue(history, k)
+        proposal, self.match_len, origin, self.contested = self._continue(history, k)
         self.from_memory, self.from_prediction = origin == "memory", origin == "prediction"
         return proposal
 
@@ -231,20 +241,23 @@ class NgramDrafter:
             return True
         return self.memory is not None and self.memory.knows(key)
 
-    def lookahead(self, history: list[int], extra: list[int], k: int) -> tuple[list[int], int]:
+    def lookahead(
+        self, history: list[int], extra: list[int], k: int
+    ) -> tuple[list[int], int, bool]:
         """What lookup would propose after `history` + `extra` (a draft model's tokens not
-        verified yet), and its agreement length; ([], 0) for no match. Only `history` is
-        indexed: a draft that the target rejects must never become something to match.
-        Call after `propose(history, …)` (which indexes it); changes nothing. The prediction
-        is not looked in: its proposals are priced by tables of their own (see Ledger)."""
-        proposal, match_len, _ = self._continue(history + extra, k, predicted=False)
-        return proposal.tokens, match_len
+        verified yet), its agreement length and whether it is contested; ([], 0, False) for
+        no match. Only `history` is indexed: a draft that the target rejects must never become
+        something to match. Call after `propose(history, …)` (which indexes it); changes
+        nothing. The prediction is not looked in: its proposals are priced by tables of their
+        own (see Ledger)."""
+        proposal, match_len, _, disputed = self._continue(history + extra, k, predicted=False)
+        return proposal.tokens, match_len, disputed
 
     def _continue(
         self, seq: list[int], k: int, *, predicted: bool = True
-    ) -> tuple[Proposal, int, str]:
+    ) -> tuple[Proposal, int, str, bool]:
         """(proposal, agreement length, where it came from: "prompt", "memory", "prediction"
-        or "" for none) for what follows `seq`."""
+        or "" for none, whether it is contested) for what follows `seq`."""
         # How far back any agreement with seq's end may count: to its last control token
         # (a turn marker) and, in a chat's answer, to the answer's start (see reset).
         cap = since_boundary(seq, self.MAX_MATCH, self.boundaries)
@@ -256,13 +269,15 @@ class NgramDrafter:
             guess, agree = self.prediction.propose(seq, k)
             best = max(found[0] if found else 0, earlier[0] if earlier else 0)
             if guess and agree > best:
-                return Proposal(guess), agree, "prediction"
+                return Proposal(guess), agree, "prediction", False
         if earlier is not None and (found is None or earlier[0] > found[0]):
             assert self.memory is not None
-            return Proposal(self.memory.continuation(earlier[1], k)), earlier[0], "memory"
+            disputed = self.memory.contested(seq, earlier[1])
+            return Proposal(self.memory.continuation(earlier[1], k)), earlier[0], "memory", disputed
         if found is None:
-            return Proposal([]), 0, ""
+            return Proposal([]), 0, "", False
         match_len, follow = found
+        disputed = contested([seq[f] for f in self._places(seq)[1]], seq[follow])
         out = seq[follow : follow + k]
         # A continuation that runs into the present (a repeating answer: the match is the
         # last period) goes on by looking up its own end again, as llama.cpp's ngram-mod
@@ -274,21 +289,29 @@ class NgramDrafter:
                 break
             follow = again[1]
             out += seq[follow : follow + k - len(out)]
-        return Proposal(out), match_len, "prompt"
+        return Proposal(out), match_len, "prompt", disputed
+
+    def _places(self, context: list[int]) -> tuple[int, list[int]]:
+        """(n, places) for the longest n-gram (n_max … n_min) that ends `context` and was seen
+        before: where, as the positions of the tokens that followed it (the last CANDIDATES);
+        (0, []) where none was."""
+        for n in range(self.n_max, self.n_min - 1, -1):
+            if len(context) >= n:
+                places = self._index[n].get(tuple(context[-n:]))
+                if places:
+                    return n, places
+        return 0, []
 
     def _lookup(self, context: list[int], seq: list[int], cap: int) -> tuple[int, int] | None:
         """(agreement length up to `cap`, follow position) for the end of `context`, longest
         n first: places in `seq` (`context` is `seq`, or a tail to chain a loop by)."""
-        for n in range(self.n_max, self.n_min - 1, -1):
-            if len(context) < n:
-                continue
-            places = self._index[n].get(tuple(context[-n:]))
-            if places:
-                if context is not seq:
-                    return n, places[-1]
-                # Longest agreement first; among equals, the most recent place.
-                return max((self._agreement(seq, f, n, cap), f) for f in places)
-        return None
+        n, places = self._places(context)
+        if not places:
+            return None
+        if context is not seq:
+            return n, places[-1]
+        # Longest agreement first; among equals, the most recent place.
+        return max((self._agreement(seq, f, n, cap), f) for f in places)
 
 
 class HybridDrafter:

@@ -156,7 +156,9 @@ def _governed(
     # While the last choice stands, lookup looks only where a glance says a long match can be
     looks = not standing(last, since) or rt.ngram.glance(history)
     match = rt.ngram.propose(history, k, params, draws).tokens if looks else []
-    table = table_key(rt.ngram.match_len, rt.ngram.from_prediction) if match else ""
+    table = ""
+    if match:
+        table = table_key(rt.ngram.match_len, rt.ngram.from_prediction, rt.ngram.contested)
     if settled(last, since, table):
         ledger.chose("none")
         return "none", Proposal([]), last, 0, match if looks else None
@@ -171,6 +173,7 @@ def _governed(
         model_lag=lag,
         match_len=rt.ngram.match_len,
         predicted=rt.ngram.from_prediction,
+        contested=rt.ngram.contested,
         horizon=horizon,
         ngram_window=window,
     )
@@ -186,14 +189,14 @@ def _governed(
         return "ngram", Proposal(match[: choice.k]), choice, 0, match
     if choice.option == "model" and draft is not None:
 
-        def lookup(drafted: list[int]) -> tuple[list[int], int]:
+        def lookup(drafted: list[int]) -> tuple[list[int], int, bool]:
             room = k - len(drafted)
-            found, match_len = rt.ngram.lookahead(history, drafted, room)
-            if not found:
-                return [], 0
-            table = ledger.acceptance(task, match_len)
-            at = replace(inputs, acceptance=table, ngram_match=len(found), max_k=room)
-            return found[: hand_over(at)], match_len
+            ahead, match_len, disputed = rt.ngram.lookahead(history, drafted, room)
+            if not ahead:
+                return [], 0, False
+            table = ledger.acceptance(task, match_len, contested=disputed)
+            at = replace(inputs, acceptance=table, ngram_match=len(ahead), max_k=room)
+            return ahead[: hand_over(at)], match_len, disputed
 
         proposal = draft.propose(history, choice.k, params, draws, lag=lag, hand_over=lookup)
         ledger.observe_draft(draft.take_decodes())
@@ -207,21 +210,23 @@ def _learn(
     source: str,
     proposal: Proposal,
     kept: int,
-    match_len: int,
-    predicted: bool = False,
+    lookup: NgramDrafter,
 ) -> None:
-    """What a verify step says about acceptance: of n-gram lookup (at `match_len`, in the
-    prediction's tables where it was `predicted`) or of the draft model; a draft-model proposal
-    finished by lookup teaches each about its own part (lookup's only when every model draft
-    before it was kept: it was not tried otherwise)."""
+    """What a verify step says about acceptance: of n-gram lookup (in the tables of `lookup`'s
+    last match: its length, and whether it was in the prediction or contested) or of the draft
+    model; a draft-model proposal finished by lookup teaches each about its own part
+    (lookup's only when every model draft before it was kept: it was not tried otherwise)."""
     if source == "ngram":
-        table = ledger.acceptance(task, match_len, predicted=predicted)
+        table = ledger.acceptance(
+            task, lookup.match_len, predicted=lookup.from_prediction, contested=lookup.contested
+        )
         table["ngram"].record(len(proposal.tokens), kept)
         return
     own = len(proposal.tokens) - proposal.handed_over
     ledger.acceptance(task)["model"].record(own, min(kept, own))
     if proposal.handed_over and kept >= own:
-        table = ledger.acceptance(task, proposal.handover_match)
+        disputed = proposal.handover_contested
+        table = ledger.acceptance(task, proposal.handover_match, contested=disputed)
         table["ngram"].record(proposal.handed_over, kept - own)
 
 
@@ -427,14 +432,18 @@ def _steps(
             if from_prediction:
                 stats.accepted_prediction_tokens += n_kept
             if source in ("ngram", "model") and req.learn:
-                match_len = rt.ngram.match_len
-                _learn(ledger, req.task, source, proposal, n_kept, match_len, from_prediction)
+                _learn(ledger, req.task, source, proposal, n_kept, rt.ngram)
             if proposal.handed_over:
                 handovers += 1
         committed = [*drafts[:n_kept], following]
         if match and source != "ngram" and not proposal.handed_over and req.learn:
             ledger.learn_unused_match(
-                req.task, match, committed, rt.ngram.match_len, rt.ngram.from_prediction
+                req.task,
+                match,
+                committed,
+                rt.ngram.match_len,
+                rt.ngram.from_prediction,
+                rt.ngram.contested,
             )
         emitted: list[Chunk] = []
         before = stats.completion_tokens

@@ -11,16 +11,15 @@ from typing import Any
 
 from homespec.engine.estimates import (
     MATCH_BUCKETS,
-    MATCH_PRIORS,
     MAX_K,
     MAX_TASKS,
-    PREDICTED_PRIORS,
     PRIOR,
     PRIOR_WEIGHT,
     Acceptance,
     CostCurve,
     keep_recent,
     match_bucket,
+    match_priors,
     table_key,
 )
 from homespec.engine.governor import RELAG, Inputs, Option, catch_up_cost
@@ -52,7 +51,11 @@ AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, w
 AGREEMENT_WEIGHT = 16.0
 KNOWN_KEYS = {  # Ledger.by_task's keys
     "model",
-    *(table_key(b, predicted) for predicted in (False, True) for b in MATCH_BUCKETS),
+    *(
+        table_key(b, *kind)
+        for kind in ((False, False), (True, False), (False, True))
+        for b in MATCH_BUCKETS
+    ),
 }
 
 
@@ -112,18 +115,24 @@ class Ledger:
         self.last_used[option] = self.steps
 
     def acceptance(
-        self, task: str | None, match_len: int = 0, *, predicted: bool = False
+        self,
+        task: str | None,
+        match_len: int = 0,
+        *,
+        predicted: bool = False,
+        contested: bool = False,
     ) -> dict[Option, Acceptance]:
         """The task's acceptance for the draft model and for an n-gram match this long
-        (`predicted`: found in the request's prediction, which has tables of its own). At
-        most MAX_TASKS tasks are kept (a client names tasks): the least recently used goes."""
+        (`predicted`: found in the request's prediction, `contested`: see
+        NgramDrafter.contested; each has tables of its own). At most MAX_TASKS tasks are
+        kept (a client names tasks): the least recently used goes."""
         table = self.by_task.get(task)
         if table is None:
             table = {}
         keep_recent(self.by_task, task, table)  # now the most recently used
-        key = table_key(match_len, predicted)
+        key = table_key(match_len, predicted, contested)
         if key not in table:
-            priors = PREDICTED_PRIORS if predicted else MATCH_PRIORS
+            priors = match_priors(predicted, contested)
             table[key] = self._new(key, priors[match_bucket(match_len)])
         if "model" not in table:
             table["model"] = self._new(
@@ -142,6 +151,7 @@ class Ledger:
         committed: list[int],
         match_len: int,
         predicted: bool = False,
+        contested: bool = False,
     ) -> None:
         """What lookup would have had kept, on a step that did not use its proposal (`match`,
         known before the step): as far as the step's `committed` tokens show, free evidence.
@@ -157,7 +167,8 @@ class Ledger:
         agree = next((i for i in range(seen) if match[i] != committed[i]), seen)
         if seen:
             proposed = agree + 1 if agree < seen else seen
-            self.acceptance(task, match_len, predicted=predicted)["ngram"].record(proposed, agree)
+            table = self.acceptance(task, match_len, predicted=predicted, contested=contested)
+            table["ngram"].record(proposed, agree)
 
     def _new(
         self, key: str, default: float, *, seed: bool = False, weight: float = PRIOR_WEIGHT
@@ -453,6 +464,7 @@ class Ledger:
         model_lag: int = 0,
         match_len: int = 0,
         predicted: bool = False,
+        contested: bool = False,
         horizon: int = 0,
         ngram_window: int = MAX_K,
     ) -> Inputs:
@@ -463,7 +475,7 @@ class Ledger:
             self.verify_curve(),
             self._draft_ms(curve) if curve is not None else None,
             self.ngram_ms,
-            self.acceptance(task, match_len, predicted=predicted),
+            self.acceptance(task, match_len, predicted=predicted, contested=contested),
             match,
             max_k,
             self.steps,

@@ -32,6 +32,13 @@ def since_boundary(seq: Sequence[int], limit: int, boundaries: frozenset[int]) -
     return limit
 
 
+def contested(next_tokens: Sequence[int], token: int) -> bool:
+    """Whether at most half of the places an n-gram was seen at went on with `token` (the
+    tokens that followed each: `next_tokens`): a proposal from such a match is the next token
+    far less often than one all or most of them agree on (estimates.CONTESTED_PRIORS)."""
+    return 2 * sum(1 for t in next_tokens if t == token) <= len(next_tokens)
+
+
 class NgramMemory:
     CANDIDATES = 4  # places kept per n-gram
     MAX_MATCH = 32  # how far back agreement is measured
@@ -104,6 +111,11 @@ class NgramMemory:
         if cap is None:
             cap = since_boundary(history, self.MAX_MATCH, self.boundaries)
         return max((self._agreement(history, f, cap), f) for f in places)
+
+    def contested(self, history: Sequence[int], place: int) -> bool:
+        """Whether `lookup`'s `place` for `history` is contested (module's `contested`)."""
+        places = self._index.get(tuple(history[-self.n :]), [])
+        return contested([self._corpus[f] for f in places], self._corpus[place])
 
     def _agreement(self, history: Sequence[int], follow: int, cap: int) -> int:
         """How many tokens before `follow` equal `history`'s last ones, up to `cap`; but
