@@ -62,6 +62,7 @@ class RecordingDrafter:
         "match_len": 0,
         "from_memory": False,
         "from_prediction": False,
+        "contested": False,
     }
 
     def __getattr__(self, name: str) -> object:
