@@ -263,7 +263,9 @@ class NgramDrafter:
         cap = since_boundary(seq, self.MAX_MATCH, self.boundaries)
         if 0 < self.answer_start < len(seq):
             cap = min(cap, len(seq) - self.answer_start)
-        found = self._lookup(seq, seq, cap)
+        n, places = self._places(seq)
+        # Longest agreement first; among equals, the most recent place.
+        found = max((self._agreement(seq, f, n, cap), f) for f in places) if places else None
         earlier = self.memory.lookup(seq, cap) if self.memory is not None else None
         if predicted and self.prediction is not None:
             guess, agree = self.prediction.propose(seq, k)
@@ -277,41 +279,30 @@ class NgramDrafter:
         if found is None:
             return Proposal([]), 0, "", False
         match_len, follow = found
-        disputed = contested([seq[f] for f in self._places(seq)[1]], seq[follow])
+        disputed = contested([seq[f] for f in places], seq[follow])
         out = seq[follow : follow + k]
         # A continuation that runs into the present (a repeating answer: the match is the
         # last period) goes on by looking up its own end again, as llama.cpp's ngram-mod
         # chains its table: a loop of any period is proposed k tokens at a time.
         while 0 < len(out) < k and follow + len(out) >= len(seq):
             tail = (seq[-self.n_max :] + out)[-self.n_max :]
-            again = self._lookup(tail, seq, cap)
-            if again is None:
+            again = self._places(tail)[1]
+            if not again:
                 break
-            follow = again[1]
+            follow = again[-1]
             out += seq[follow : follow + k - len(out)]
         return Proposal(out), match_len, "prompt", disputed
 
     def _places(self, context: list[int]) -> tuple[int, list[int]]:
         """(n, places) for the longest n-gram (n_max … n_min) that ends `context` and was seen
         before: where, as the positions of the tokens that followed it (the last CANDIDATES);
-        (0, []) where none was."""
+        (0, []) where none was. `context` is the history, or a tail to chain a loop by."""
         for n in range(self.n_max, self.n_min - 1, -1):
             if len(context) >= n:
                 places = self._index[n].get(tuple(context[-n:]))
                 if places:
                     return n, places
         return 0, []
-
-    def _lookup(self, context: list[int], seq: list[int], cap: int) -> tuple[int, int] | None:
-        """(agreement length up to `cap`, follow position) for the end of `context`, longest
-        n first: places in `seq` (`context` is `seq`, or a tail to chain a loop by)."""
-        n, places = self._places(context)
-        if not places:
-            return None
-        if context is not seq:
-            return n, places[-1]
-        # Longest agreement first; among equals, the most recent place.
-        return max((self._agreement(seq, f, n, cap), f) for f in places)
 
 
 class HybridDrafter:
