@@ -3,7 +3,7 @@ tests/test_catch_up.py)."""
 
 from __future__ import annotations
 
-from homespec.engine.estimates import Acceptance, CostCurve
+from homespec.engine.estimates import MAX_K, Acceptance, CostCurve
 from homespec.engine.governor import Inputs, Option
 
 # The demo pair's curves as measured on a 2-core CPU (ms by tokens in one decode).
@@ -18,11 +18,9 @@ def curve(one: float, per_extra: float) -> CostCurve:
 
 def seen(rate: float, steps: int = 400, k: int = 64) -> Acceptance:
     """Acceptance measured over `steps` steps of k drafts, each kept with `rate`."""
-    acc = Acceptance()
-    for i in range(k):
-        acc.tries[i] = int(steps * rate**i)
-        acc.kept[i] = int(steps * rate ** (i + 1))
-    return acc
+    tries = [float(int(steps * rate**i)) if i < k else 0.0 for i in range(MAX_K)]
+    kept = [float(int(steps * rate ** (i + 1))) if i < k else 0.0 for i in range(MAX_K)]
+    return Acceptance(tries, kept)
 
 
 def inputs(

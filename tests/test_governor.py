@@ -234,12 +234,13 @@ def test_expected_tokens_counts_the_targets_own_token() -> None:
 
 def test_the_governors_shortcuts_price_exactly_as_the_plain_formulas() -> None:
     """What the governor reads every step is computed the quick way (record and reach skip the
-    positions never tried, expected_by_length writes rate out, upto sorts the points once):
+    positions never tried, expected_by_length writes rate out, upto walks the points once):
     the same numbers, to the bit, as each position's rate and each size's `at`."""
     rng = random.Random(8)
-    acc = Acceptance(prior=0.7, prior_weight=3.0)
-    acc.seed_tries[1:5] = [4.0, 3.0, 2.0, 1.0]
-    acc.seed_kept[1:5] = [3.5, 2.0, 1.0, 0.5]
+    seed_tries, seed_kept = [0.0] * MAX_K, [0.0] * MAX_K
+    seed_tries[1:5], seed_kept[1:5] = [4.0, 3.0, 2.0, 1.0], [3.5, 2.0, 1.0, 0.5]
+    acc = Acceptance(prior=0.7, prior_weight=3.0, seed_tries=seed_tries, seed_kept=seed_kept)
+    assert acc.reach() == 10  # the seeds reach position 5 before anything is recorded
     naive_tries, naive_kept = list(acc.tries), list(acc.kept)
     for step in range(400):
         proposed = rng.choice([1, 2, 3, 6, 12, 30, 64] if step % 50 < 40 else [2])
@@ -264,7 +265,8 @@ def test_the_governors_shortcuts_price_exactly_as_the_plain_formulas() -> None:
             assert list(expected_by_length(acc, 0.7, stretch)) == want[1:]
     for points in ({4: 3.0}, {1: 1.2, 2: 2.8, 8: 3.5, 32: 5.1}, {3: 2.0, 30: 9.0, 31: 8.0}):
         cost = CostCurve(dict(points))
-        assert cost.upto(64) == [cost.at(n) for n in range(1, 65)]
+        for n in (1, 2, 3, 5, 31, 64):  # short of, at, between and past the points
+            assert cost.upto(n) == [cost.at(i) for i in range(1, n + 1)]
     assert CostCurve().upto(8) is None
 
 

@@ -87,15 +87,32 @@ class CostCurve:
         return self._between(n, sorted(self.points))  # a handful of points
 
     def upto(self, n: int) -> list[float] | None:
-        """[at(1), …, at(n)], or None when nothing is measured: the points sorted once for all
-        of them (the governor prices every draft length each time it is asked; one `at` for
-        each, sorting the points every time, was a quarter of choose()'s time in a profile)."""
+        """[at(1), …, at(n)], or None when nothing is measured: one walk along the sorted
+        points for all of them (the governor prices every draft length each time it is asked;
+        one `at` for each, sorting the points every time, was a quarter of choose()'s time in
+        a profile, and a bisect for each the most of upto's)."""
         points = self.points
         if not points:
             return None
         xs = sorted(points)
-        slope = self._tail_slope(xs)
-        return [points[i] if i in points else self._between(i, xs, slope) for i in range(1, n + 1)]
+        if len(xs) == 1:
+            return [points[i] if i in points else self._between(i, xs) for i in range(1, n + 1)]
+        # _between's arithmetic for each size, segment by segment: the same figures to the bit
+        first, last = xs[0], xs[-1]
+        out = [self._between(i, xs) for i in range(1, min(first, n + 1))]  # under the first
+        for lo, hi in itertools.pairwise(xs):
+            if lo > n:
+                break
+            y0, rise, span = points[lo], points[hi] - points[lo], hi - lo
+            out.append(y0)
+            out += [
+                y if (y := y0 + rise * (i - lo) / span) > 0.0 else 0.0
+                for i in range(lo + 1, min(hi, n + 1))
+            ]
+        if n >= last:
+            top, tail = points[last], max(0.0, self._tail_slope(xs))
+            out += [top + tail * (i - last) for i in range(last, n + 1)]
+        return out
 
     def _between(self, n: int, xs: list[int], tail: float | None = None) -> float:
         """The cost of n tokens, not measured, from the measured sizes `xs` (sorted; `tail`:
@@ -172,26 +189,35 @@ class Acceptance:
     # (Ledger._new seeds a new task's table with them; never decayed, never saved)
     seed_tries: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
     seed_kept: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
-    # Positions from `depth` on hold no counts and no seed: record and reach skip them (the
-    # governor asks for reach at every estimate, and a draft rarely goes past a dozen
-    # positions). MAX_K until the first record, which measures it: set tries, kept and the
-    # seeds at construction, or before that, and change them through record after it.
+    # Positions from `depth` on hold no counts and no seed, and `reach_` is reach(): both kept
+    # by record, as the governor asks for reach at every estimate and a draft rarely goes past
+    # a dozen positions. Set tries, kept and the seeds at construction; change them through
+    # record after it.
     depth: int = field(default=MAX_K, init=False, repr=False, compare=False)
+    reach_: int = field(default=MIN_REACH, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._measure(self.depth)
 
     def record(self, proposed: int, accepted: int) -> None:
-        tries, kept, seed = self.tries, self.kept, self.seed_tries
-        depth = 0
+        tries, kept = self.tries, self.kept
         for i in range(self.depth):
-            if tries[i] or kept[i] or seed[i]:
-                tries[i] *= DECAY
-                kept[i] *= DECAY
-                depth = i + 1
+            tries[i] *= DECAY
+            kept[i] *= DECAY
         n = min(accepted + 1, proposed)
         for i in range(n):
             tries[i] += 1
             if i < accepted:
                 kept[i] += 1
-        self.depth = max(depth, n)
+        self._measure(max(self.depth, n))
+
+    def _measure(self, depth: int) -> None:
+        """`depth` and `reach_` from the counts below `depth` (none hold any past it)."""
+        tries, kept, seed = self.tries, self.kept, self.seed_tries
+        down = range(depth - 1, -1, -1)
+        self.depth = next((i + 1 for i in down if tries[i] or kept[i] or seed[i]), 0)
+        tried = next((i + 1 for i in down if tries[i] + seed[i] >= 1), 0)  # the deepest
+        self.reach_ = max(MIN_REACH, REACH_GROWTH * tried)
 
     def rate(self, i: int, prior: float) -> float:
         weight = self.prior_weight if i == 0 else PRIOR_WEIGHT
@@ -202,12 +228,7 @@ class Acceptance:
         """How long a draft may be on the evidence: REACH_GROWTH × the deepest position tried
         at least once lately (MIN_REACH before that). Draft lengths grow by doubling as long
         drafts keep being kept, like a congestion window, never straight to 64 on faith."""
-        tries, seed, deepest = self.tries, self.seed_tries, 0
-        for i in range(self.depth - 1, -1, -1):
-            if tries[i] + seed[i] >= 1:
-                deepest = i + 1
-                break
-        return max(MIN_REACH, REACH_GROWTH * deepest)
+        return self.reach_
 
 
 def expected_by_length(acc: Acceptance, prior: float, stretch: float = 1.0) -> Iterator[float]:

@@ -280,22 +280,23 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     if costs is None:
         return None
     cheap = CHEAP_VERIFY * costs[0]
-    best: Estimate | None = None
+    top_k, top_tpm = 0, 0.0
     previous = 1.0
     lengths = expected_by_length(acc, prior, stretch)
+    # (Written for speed, as expected_by_length: asked at every step, with up to MAX_K lengths)
     for k, tokens in zip(range(1, limit + 1), lengths, strict=False):
         survive, previous = tokens - previous, tokens  # the chance all k drafts are kept
         cost = costs[k]
         if k > window and cost > cheap:
             break
         step = cost + own + fixed + relag * survive + per_token * k
-        span = max(spread, tokens)  # the tokens the catch-up is spread over
+        span = spread if spread > tokens else tokens  # the tokens the catch-up is spread over
         tpm = span / (once + span * (step / tokens + upkeep))
-        if best is None or tpm > best.tokens_per_ms:
-            best = Estimate(option, k, tpm, acc.rate(0, prior))
+        if not top_k or tpm > top_tpm:
+            top_k, top_tpm = k, tpm
         elif survive < 0.01:
             break  # longer drafts only add cost
-    return best
+    return Estimate(option, top_k, top_tpm, acc.rate(0, prior)) if top_k else None
 
 
 def choose(inp: Inputs) -> Choice:

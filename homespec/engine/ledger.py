@@ -195,12 +195,12 @@ class Ledger:
                 tries = [a + b for a, b in zip(tries, table[key].tries, strict=True)]
                 kept = [a + b for a, b in zip(kept, table[key].kept, strict=True)]
         prior = (kept[0] + default * weight) / (tries[0] + weight)
-        acc = Acceptance(prior=prior)
-        if seed and tries[1] > 0:
-            scale = min(1.0, SEED_WEIGHT / tries[1])
-            acc.seed_tries = [0.0] + [x * scale for x in tries[1:]]
-            acc.seed_kept = [0.0] + [x * scale for x in kept[1:]]
-        return acc
+        if not (seed and tries[1] > 0):
+            return Acceptance(prior=prior)
+        scale = min(1.0, SEED_WEIGHT / tries[1])
+        seed_tries = [0.0] + [x * scale for x in tries[1:]]
+        seed_kept = [0.0] + [x * scale for x in kept[1:]]
+        return Acceptance(prior=prior, seed_tries=seed_tries, seed_kept=seed_kept)
 
     @property
     def model_prior(self) -> float:
