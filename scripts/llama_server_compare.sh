@@ -50,6 +50,25 @@ print(m.model_path(pair.target)); print(m.model_path(pair.draft))')
 TARGET=$(sed -n 1p <<<"$PATHS")
 DRAFT=$(sed -n 2p <<<"$PATHS")
 [ -f "$TARGET" ] && [ -f "$DRAFT" ] || die "demo models missing ($TARGET, $DRAFT) — run .venv/bin/homespec setup"
+# Where llama.cpp's repacked weights crash (AMX: README, "CPUs with AMX"), homespec loads the
+# model without them; llama-server gets the same (--no-repack, which applies to its draft model
+# too), or its draft-model configuration dies at its first decode. homespec's own verdict for
+# each model (its canary, remembered), at the GPU layers llama-server gets.
+NO_REPACK=$("$PY" -c '
+import sys
+from homespec.engine import repack
+from homespec.manifest import load_manifest
+m = load_manifest(None)
+_, pair = m.pair(None)
+names = [pair.target, pair.draft]
+crash = [n for n in names if not repack.verdict(n, m.model_path(n), gpu_layers=int(sys.argv[1]),
+                                                override=m.spec.models[n].repack).repack]
+print(" ".join(crash))' "$GPU_LAYERS")
+REPACK=()
+if [ -n "$NO_REPACK" ]; then
+  REPACK=(--no-repack)
+  say "llama.cpp's repacked weights crash on this CPU for $NO_REPACK: llama-server runs with --no-repack, as homespec loads them"
+fi
 
 SERVER=${LLAMA_SERVER_BIN:-}
 if [ -z "$SERVER" ]; then
@@ -88,7 +107,7 @@ start() {  # LABEL ARGS…
   local label=$1; shift
   port=$((port + 1))
   "${LLAMA_ENV[@]}" "$SERVER" -m "$TARGET" --host 127.0.0.1 --port "$port" -t "$THREADS" \
-    -tb "$THREADS" -c 4096 -np 1 -ngl "$GPU_LAYERS" --no-webui "${HUGE[@]}" "$@" \
+    -tb "$THREADS" -c 4096 -np 1 -ngl "$GPU_LAYERS" --no-webui "${HUGE[@]}" "${REPACK[@]}" "$@" \
     >"$LOGDIR/$label.log" 2>&1 &
   PIDS+=($!)
   AGAINST+=(--against "$label=http://127.0.0.1:$port")
