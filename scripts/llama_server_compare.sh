@@ -9,7 +9,8 @@
 #    uses a llama-server you built yourself instead.
 # 2. Starts it on the default pair in each of its speculative configurations, all at once on
 #    loopback (an idle server costs memory, not CPU): plain, draft model (its default draft
-#    length), ngram-mod (its --spec-default) and ngram-simple.
+#    length; `--spec-type draft-simple` where the build needs it named), ngram-mod (its
+#    --spec-default) and ngram-simple.
 # 3. Starts `homespec serve` on the same pair (fresh state: nothing learned, nothing remembered)
 #    and waits until its draft is attached and its costs calibrated, as a restarted service is.
 # 4. Runs `homespec bench --modes plain,auto --against …` so every request goes to homespec and
@@ -113,7 +114,14 @@ start() {  # LABEL ARGS…
   AGAINST+=(--against "$label=http://127.0.0.1:$port")
 }
 start llama-plain
-start llama-draft -md "$DRAFT" -ngld "$GPU_LAYERS"
+# A draft model drafts only where --spec-type names it in llama.cpp builds that know
+# draft-simple (llama-cpp-python 0.3.36's): there -md alone loads it and decodes plain, which
+# is what this row measured until 2026-11-28 (its speed was plain's, its acceptance blank).
+DRAFT_TYPE=()
+if "$SERVER" --help 2>/dev/null | grep -q 'draft-simple'; then
+  DRAFT_TYPE=(--spec-type draft-simple)
+fi
+start llama-draft -md "$DRAFT" -ngld "$GPU_LAYERS" "${DRAFT_TYPE[@]}"
 start llama-ngram-mod --spec-type ngram-mod
 start llama-ngram-simple --spec-type ngram-simple
 up() { "$PY" -c 'import sys, httpx; sys.exit(httpx.get(sys.argv[1] + "/health").status_code != 200)' "$1" 2>/dev/null; }
