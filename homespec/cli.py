@@ -59,6 +59,18 @@ def cli(verbose: bool) -> None:
     logging.getLogger("homespec").setLevel(logging.NOTSET)  # `serve` raises it to INFO
 
 
+def _no_empty_stop(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    """An empty --stop (an unset shell variable) would end every answer at once: the daemon
+    refuses it by name, and so does ask before loading anything."""
+    if any(not stop for stop in value):
+        raise click.BadParameter(
+            "a stop string is empty (it would end every answer at once): leave it out"
+        )
+    return value
+
+
 @cli.command()
 @click.argument("prompt")
 @config_option
@@ -91,7 +103,7 @@ def cli(verbose: bool) -> None:
 )
 @click.option("--seed", type=click.IntRange(0), help="Sampling seed (temperature > 0).")
 @click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--stop", multiple=True, callback=_no_empty_stop, help="Stop string (repeatable).")
 @click.option("--system", "system_prompt", help="A system message before the prompt.")
 @click.option("--raw", is_flag=True, help="Send PROMPT as is, without the chat template.")
 @click.option(

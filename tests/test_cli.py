@@ -343,3 +343,14 @@ def test_ask_refuses_an_empty_prompt_before_loading_anything(
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert needle in result.stderr and "- to read it from standard input" in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("stops", [("",), ("###", "")])
+def test_ask_refuses_an_empty_stop_string_before_loading_anything(stops: tuple[str, ...]) -> None:
+    """As the daemon does (a 400 naming it): an unset shell variable as --stop would end the
+    answer at once, or be dropped in silence."""
+    args = [arg for stop in stops for arg in ("--stop", stop)]
+    result = CliRunner().invoke(cli, ["ask", "hi", "--local", *args])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--stop" in result.stderr and "a stop string is empty" in result.stderr
+    assert result.stdout == ""
