@@ -62,12 +62,11 @@ def cli(verbose: bool) -> None:
 def _no_empty_stop(
     ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
 ) -> tuple[str, ...]:
-    """An empty --stop (an unset shell variable) would end every answer at once: the daemon
-    refuses it by name, and so does ask before loading anything."""
+    """Refused before anything loads, as the daemon refuses it (EMPTY_STOP)."""
+    from homespec.engine.types import EMPTY_STOP
+
     if any(not stop for stop in value):
-        raise click.BadParameter(
-            "a stop string is empty (it would end every answer at once): leave it out"
-        )
+        raise click.BadParameter(EMPTY_STOP)
     return value
 
 

@@ -43,28 +43,25 @@ _, pair = load_manifest(None).pair(None)
 print(pair.threads or physical_cores())')
 THREADS=${THREADS:-$OWN_THREADS}
 GPU_LAYERS=${GPU_LAYERS:-0}
+# The pair's two files, and which of them homespec loads without llama.cpp's repacked weights
+# here (its canary's verdict, remembered, at the GPU layers llama-server gets). Where those
+# crash (AMX: README, "CPUs with AMX"), llama-server gets the same (--no-repack, which applies
+# to its draft model too), or its draft-model configuration dies at its first decode.
 PATHS=$("$PY" -c '
-from homespec.manifest import load_manifest
-m = load_manifest(None)
-_, pair = m.pair(None)
-print(m.model_path(pair.target)); print(m.model_path(pair.draft))')
-TARGET=$(sed -n 1p <<<"$PATHS")
-DRAFT=$(sed -n 2p <<<"$PATHS")
-[ -f "$TARGET" ] && [ -f "$DRAFT" ] || die "demo models missing ($TARGET, $DRAFT) — run .venv/bin/homespec setup"
-# Where llama.cpp's repacked weights crash (AMX: README, "CPUs with AMX"), homespec loads the
-# model without them; llama-server gets the same (--no-repack, which applies to its draft model
-# too), or its draft-model configuration dies at its first decode. homespec's own verdict for
-# each model (its canary, remembered), at the GPU layers llama-server gets.
-NO_REPACK=$("$PY" -c '
 import sys
 from homespec.engine import repack
 from homespec.manifest import load_manifest
 m = load_manifest(None)
 _, pair = m.pair(None)
+print(m.model_path(pair.target)); print(m.model_path(pair.draft))
 names = [pair.target, pair.draft]
-crash = [n for n in names if not repack.verdict(n, m.model_path(n), gpu_layers=int(sys.argv[1]),
-                                                override=m.spec.models[n].repack).repack]
-print(" ".join(crash))' "$GPU_LAYERS")
+print(" ".join(n for n in names if m.model_path(n).is_file() and not repack.verdict(
+    n, m.model_path(n), gpu_layers=int(sys.argv[1]), override=m.spec.models[n].repack).repack))' \
+  "$GPU_LAYERS")
+TARGET=$(sed -n 1p <<<"$PATHS")
+DRAFT=$(sed -n 2p <<<"$PATHS")
+NO_REPACK=$(sed -n 3p <<<"$PATHS")
+[ -f "$TARGET" ] && [ -f "$DRAFT" ] || die "demo models missing ($TARGET, $DRAFT) — run .venv/bin/homespec setup"
 REPACK=()
 if [ -n "$NO_REPACK" ]; then
   REPACK=(--no-repack)

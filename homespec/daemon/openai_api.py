@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from homespec.engine.types import GenerationRequest, GenerationStats, Message
+from homespec.engine.types import EMPTY_STOP, GenerationRequest, GenerationStats, Message
 from homespec.manifest import MAX_DRAFT_TOKENS
 from homespec.vocab import Drafter
 
@@ -237,9 +237,7 @@ class _Common(BaseModel):
         if len(stops) > 4:
             raise ValueError(f"at most 4 stop strings, got {len(stops)}")
         if any(not s for s in stops):
-            raise ValueError(
-                "a stop string is empty (it would end every answer at once): leave it out"
-            )
+            raise ValueError(EMPTY_STOP)
         return v
 
     @model_validator(mode="after")

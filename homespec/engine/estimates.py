@@ -114,9 +114,8 @@ class CostCurve:
             out += [top + tail * (i - last) for i in range(last, n + 1)]
         return out
 
-    def _between(self, n: int, xs: list[int], tail: float | None = None) -> float:
-        """The cost of n tokens, not measured, from the measured sizes `xs` (sorted; `tail`:
-        their _tail_slope, where the caller has it)."""
+    def _between(self, n: int, xs: list[int]) -> float:
+        """The cost of n tokens, not measured, from the measured sizes `xs` (sorted)."""
         if len(xs) == 1 or n < xs[0]:
             # From the first point by the prior slope: its one-token cost is y / (1 + slope ×
             # (x - 1)). (A draft's first decode is often a catch-up of hundreds of tokens;
@@ -128,8 +127,7 @@ class CostCurve:
             # at half its size or less): real steps measure neighbouring sizes (30, 31 tokens)
             # whose noise can make the last segment fall, and a falling slope priced a draft
             # model's 243-token catch-up at nothing. Cost never falls with more tokens.
-            slope = self._tail_slope(xs) if tail is None else tail
-            return self.points[xs[-1]] + max(0.0, slope) * (n - xs[-1])
+            return self.points[xs[-1]] + max(0.0, self._tail_slope(xs)) * (n - xs[-1])
         i = bisect.bisect_left(xs, n)
         lo, hi = (xs[0], xs[1]) if i == 0 else (xs[i - 1], xs[i])  # i == 0: n is the first
         y0, y1 = self.points[lo], self.points[hi]

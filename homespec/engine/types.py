@@ -8,6 +8,9 @@ from typing import Any, Literal
 from homespec.vocab import Drafter, DrafterOrNone, RunMode
 
 Role = Literal["system", "user", "assistant"]
+# What `ask --stop ''` and the API's "stop": [""] are refused with (an unset shell variable, a
+# client's blank field): an empty stop string would end every answer at once.
+EMPTY_STOP = "a stop string is empty (it would end every answer at once): leave it out"
 
 
 @dataclass(frozen=True)
