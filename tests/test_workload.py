@@ -26,6 +26,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-3.jsonl",
         "unseen-4.jsonl",
         "unseen-5.jsonl",
+        "unseen-6.jsonl",
     ]
 
 
