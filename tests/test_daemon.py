@@ -80,6 +80,29 @@ def test_openai_sdk_streaming_puts_stats_in_the_last_chunk(sdk: OpenAI) -> None:
     assert last["usage"]["completion_tokens"] == last["homespec"]["completion_tokens"]
 
 
+def test_include_usage_streams_the_usage_in_a_chunk_of_its_own(sdk: OpenAI) -> None:
+    """As OpenAI streams it: the finish chunk, then a chunk with no choices and the usage (the
+    shape OpenAI's examples read usage from), null usage before it; without stream_options the
+    finish chunk carries the usage (the test above)."""
+    chunks = list(
+        sdk.chat.completions.create(
+            model="smollm2",
+            messages=user("List three colors."),
+            max_tokens=40,
+            stream=True,
+            stream_options={"include_usage": True},
+        )  # type: ignore[call-overload]
+    )
+    *answer, finish, tail = [c.model_dump() for c in chunks]
+    assert tail["choices"] == [] and tail["usage"]["completion_tokens"] > 0
+    assert finish["choices"][0]["finish_reason"] in ("stop", "length")
+    assert finish["usage"] is None and set(finish["homespec"]) >= STATS_KEYS
+    assert tail["usage"]["completion_tokens"] == finish["homespec"]["completion_tokens"]
+    assert all(c["usage"] is None and c["choices"] for c in answer)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+
+
 def test_a_sampled_answer_reports_its_seed_and_the_seed_repeats_it(sdk: OpenAI) -> None:
     """Through the daemon, streamed or not: the seed a sampled answer drew with is in
     `homespec.seed`, and sending it back gives the same text (test_verify.py has the same on
@@ -172,6 +195,12 @@ def test_text_completions_and_models(daemon: Daemon) -> None:
             400,
             "invalid request: messages.0: content[0] has type 'image_url': only text parts",
         ),
+        (b"", 400, "the body is empty: send the request as a JSON object"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": true}',
+            400,
+            "max_tokens=true is not a number",
+        ),
     ],
     ids=[
         "malformed",
@@ -183,6 +212,8 @@ def test_text_completions_and_models(daemon: Daemon) -> None:
         "role",
         "empty",
         "image",
+        "no-body",
+        "boolean",
     ],
 )
 def test_client_mistakes_get_400_envelopes(

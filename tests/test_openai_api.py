@@ -210,3 +210,15 @@ def test_fields_that_ask_for_nothing_are_accepted() -> None:
         )
     )
     assert body.to_generation(default_max_tokens=5).max_tokens == 5
+
+
+@pytest.mark.parametrize(
+    "name", ["max_tokens", "max_completion_tokens", "temperature", "seed", "top_k", "n"]
+)
+def test_a_boolean_where_a_number_goes_is_refused_not_read_as_one(name: str) -> None:
+    """pydantic reads JSON true as 1: `max_tokens: true` answered one token, in silence."""
+    with pytest.raises(ValidationError, match=f"{name}=true is not a number"):
+        ChatCompletionRequest.model_validate(chat(**{name: True}))
+    with pytest.raises(ValidationError, match="max_tokens=false is not a number"):
+        CompletionRequest.model_validate({"prompt": "a", "max_tokens": False})
+    assert ChatCompletionRequest.model_validate(chat(**{name: 1})).model_dump()[name] == 1

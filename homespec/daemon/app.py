@@ -274,6 +274,9 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
             if err["type"] == "json_invalid":
                 problems.append(f"the body is not valid JSON ({err['ctx'].get('error', '')})")
                 continue
+            if err["type"] == "missing" and tuple(err["loc"]) == ("body",):
+                problems.append("the body is empty: send the request as a JSON object")
+                continue
             loc = ".".join(str(p) for p in err["loc"] if p != "body")
             problems.append(f"{loc or 'body'}: {err['msg'].removeprefix('Value error, ')}")
         return _error(400, "invalid request: " + "; ".join(problems), "invalid_request_error")
@@ -407,7 +410,8 @@ async def _complete(
         response.headers["X-Request-Id"] = rid
         return response
     notes = [*notes, *worker.notes()]
-    env = Envelope(kind, rid, worker.name)
+    apart = body.stream and body.stream_options is not None and body.stream_options.include_usage
+    env = Envelope(kind, rid, worker.name, usage_apart=apart)
     endpoint = "chat.completions" if kind == "chat" else "completions"
 
     def on_done(outcome: Outcome) -> None:

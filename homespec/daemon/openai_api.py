@@ -11,8 +11,10 @@ nothing: a client moved over from one of them keeps its settings, and an answer 
 them must not pass for one made with them. Honoured beyond OpenAI's own: `top_k`,
 `min_p`, and llama.cpp's `n_predict` (its name for max_tokens). `prediction` (OpenAI's
 Predicted Outputs: the answer as the client expects it) is drafted from, on completions too,
-and usage reports how much of it was kept. The extras homespec adds: `speculative` (true |
-false | "auto"), `task`, `draft_tokens`, `drafter`.
+and usage reports how much of it was kept. `stream_options.include_usage` streams the usage in
+a chunk of its own, as OpenAI does (without it, the finish chunk carries it). A boolean where
+a number goes (`max_tokens: true`) is refused, not read as 1. The extras homespec adds:
+`speculative` (true | false | "auto"), `task`, `draft_tokens`, `drafter`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,23 @@ EXTENSIONS: dict[str, Callable[[Any], bool]] = {
     "guided_choice": lambda v: not v,
     "guided_grammar": lambda v: not v,
 }
+
+# Numeric fields, where pydantic would read JSON true as 1 (max_tokens: true answered one token)
+NUMBERS = (
+    "max_tokens",
+    "max_completion_tokens",
+    "n_predict",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "best_of",
+    "draft_tokens",
+)
 
 # OpenAI's own fields for what a text-only server of plain models does not do, each with the
 # values that ask for nothing and what to do instead; an answer made without them would pass
@@ -135,6 +154,13 @@ class ChatMessage(_Text):
         return data
 
 
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options`: `include_usage` asks for usage in a chunk of its own."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
 class PredictedContent(_Text):
     """OpenAI's `prediction`: text the answer is expected to read like, to draft from."""
 
@@ -185,6 +211,9 @@ class _Common(BaseModel):
         if problem:
             raise ValueError(f"{problem}: send plain text")
         if isinstance(data, dict):
+            for name in NUMBERS:
+                if isinstance(data.get(name), bool):  # JSON true is no count or temperature
+                    raise ValueError(f"{name}={json.dumps(data[name])} is not a number: send one")
             sampler = (
                 " (homespec samples with temperature, top_p, top_k and min_p only): leave it out"
             )
@@ -212,6 +241,7 @@ class _Common(BaseModel):
     seed: int | None = Field(None, ge=0)
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="homespec answers one choice per request")
     logprobs: bool | int | None = None  # chat: a flag; completions: how many (refused either way)
     prediction: PredictedContent | None = None
@@ -408,11 +438,20 @@ def homespec_extra(stats: GenerationStats | None, pair: str, notes: list[str]) -
 class Envelope:
     """Builds the response objects of one request (chat or text completion)."""
 
-    def __init__(self, kind: Literal["chat", "text"], request_id: str, model: str) -> None:
+    def __init__(
+        self,
+        kind: Literal["chat", "text"],
+        request_id: str,
+        model: str,
+        *,
+        usage_apart: bool = False,
+    ) -> None:
         self.kind = kind
         self.id = request_id
         self.model = model
         self.created = int(time.time())
+        # A stream's usage in a chunk of its own, with no choices (stream_options.include_usage)
+        self.usage_apart = usage_apart
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -443,14 +482,21 @@ class Envelope:
         return sse({**body, "choices": [choice]})
 
     def last_chunk(self, stats: GenerationStats, extra: dict[str, Any]) -> str:
-        """The final chunk: finish_reason, usage and the homespec stats."""
+        """The final chunk: finish_reason, usage and the homespec stats. Where the client sent
+        stream_options.include_usage, as OpenAI streams it: the usage in a chunk of its own
+        after that one, with an empty `choices` (a client that reads usage only from a chunk
+        without choices, as OpenAI's examples do, never found it on the finish chunk), and
+        null on the finish chunk."""
         if self.kind == "chat":
             choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": stats.finish_reason}
             body = self._base("chat.completion.chunk")
         else:
             choice = {"index": 0, "text": "", "finish_reason": stats.finish_reason}
             body = self._base("text_completion")
-        return sse({**body, "choices": [choice], "usage": usage(stats), "homespec": extra})
+        if not self.usage_apart:
+            return sse({**body, "choices": [choice], "usage": usage(stats), "homespec": extra})
+        last = sse({**body, "choices": [choice], "usage": None, "homespec": extra})
+        return last + sse({**body, "choices": [], "usage": usage(stats)})
 
 
 def sse(payload: dict[str, Any]) -> str:
