@@ -19,10 +19,12 @@ a number goes (`max_tokens: true`) is refused, not read as 1. The extras homespe
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -60,23 +62,6 @@ EXTENSIONS: dict[str, Callable[[Any], bool]] = {
     "guided_choice": lambda v: not v,
     "guided_grammar": lambda v: not v,
 }
-
-# Numeric fields, where pydantic would read JSON true as 1 (max_tokens: true answered one token)
-NUMBERS = (
-    "max_tokens",
-    "max_completion_tokens",
-    "n_predict",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "n",
-    "presence_penalty",
-    "frequency_penalty",
-    "best_of",
-    "draft_tokens",
-)
 
 # OpenAI's own fields for what a text-only server of plain models does not do, each with the
 # values that ask for nothing and what to do instead; an answer made without them would pass
@@ -201,6 +186,19 @@ def _bad_text(value: Any, where: str) -> str | None:
     return None
 
 
+@functools.cache
+def _numbers(model: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of `model` that take a number and never a boolean: pydantic reads JSON true
+    as 1 there (`max_tokens: true` answered one token)."""
+    out = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        kinds: tuple[Any, ...] = get_args(ann) if isinstance(ann, UnionType) else (ann,)
+        if bool not in kinds and (int in kinds or float in kinds):
+            out.append(name)
+    return tuple(out)
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -211,7 +209,7 @@ class _Common(BaseModel):
         if problem:
             raise ValueError(f"{problem}: send plain text")
         if isinstance(data, dict):
-            for name in NUMBERS:
+            for name in _numbers(cls):
                 if isinstance(data.get(name), bool):  # JSON true is no count or temperature
                     raise ValueError(f"{name}={json.dumps(data[name])} is not a number: send one")
             sampler = (
