@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from homespec.cli import cli
-from homespec.daemon.openai_api import ChatCompletionRequest, CompletionRequest, usage
+from homespec.daemon.openai_api import ChatCompletionRequest, CompletionRequest
+from homespec.daemon.openai_responses import usage
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
 from homespec.engine.ledger import Ledger

@@ -27,15 +27,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from homespec import __version__, heap
 from homespec.daemon import rpc_watch
-from homespec.daemon.openai_api import (
-    SSE_DONE,
-    ChatCompletionRequest,
-    CompletionRequest,
-    Envelope,
-    error_body,
-    homespec_extra,
-    sse,
-)
+from homespec.daemon.openai_api import ChatCompletionRequest, CompletionRequest
+from homespec.daemon.openai_responses import SSE_DONE, Envelope, error_body, homespec_extra, sse
 from homespec.daemon.outcome import Outcome
 from homespec.daemon.service import Daemon, DaemonConfig
 from homespec.engine.types import Chunk, GenerationStats
