@@ -118,7 +118,8 @@ def choose_modes(requested: str | None, *, has_draft: bool, pair: str) -> list[s
     By default plain, auto (what homespec does unless told otherwise) and every drafter forced."""
     if not requested:
         return [PLAIN, AUTO, *available_modes(has_draft)[1:]]
-    chosen = [m.strip() for m in requested.split(",") if m.strip()]
+    # Named twice, a mode runs once: its row would repeat, and its runs would warm each other.
+    chosen = list(dict.fromkeys(m.strip() for m in requested.split(",") if m.strip()))
     allowed = [*available_modes(has_draft), "auto"]
     bad = [m for m in chosen if m not in allowed]
     if bad:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from homespec.bench import Row
+from homespec.bench import Row, choose_modes
 from homespec.bench_standing import render_standings, standings
 
 
@@ -65,3 +65,19 @@ def test_the_json_names_what_auto_was_held_against() -> None:
         "vs_best_other": 1.25,
         "best_other": "other",
     }
+
+
+@pytest.mark.parametrize(
+    ("asked", "runs"),
+    [
+        (None, ["plain", "auto", "model", "ngram", "hybrid"]),
+        ("ngram", ["plain", "ngram"]),
+        ("auto, plain", ["auto", "plain"]),
+        ("plain,plain,auto,auto", ["plain", "auto"]),
+        ("ngram,,ngram", ["plain", "ngram"]),
+    ],
+)
+def test_the_modes_asked_for_run_once_each_with_plain_always_among_them(
+    asked: str | None, runs: list[str]
+) -> None:
+    assert choose_modes(asked, has_draft=True, pair="p") == runs
