@@ -72,6 +72,7 @@ def plan_request(manifest: Manifest, files: PairFiles, *, kept: bool = False) ->
         gpu_layers=pair.gpu_layers,
         draft_gpu_layers=pair.draft_gpu_layers,
         cpu_flash=cpu_flash(pair, files.target.path),
+        cpu_batch=cpu_batch(pair, files.target.path),
         huge_pages=kept and pair.huge_pages,
     )
 
@@ -82,6 +83,14 @@ def cpu_flash(pair: PairSpec, target: Path) -> bool:
     if pair.flash_attn != "auto":
         return pair.flash_attn == "on"
     return flash.remembered(target) is True
+
+
+def cpu_batch(pair: PairSpec, target: Path) -> int:
+    """Tokens one decode holds where the pair runs on the CPU only: for "auto", as this machine
+    measured with its flash verdict (engine/flash.py); else llama.cpp's full batch."""
+    if pair.flash_attn != "auto":
+        return flash.FULL_BATCH
+    return flash.remembered_batch(target)
 
 
 def with_workers(req: PairRequest, pair: PairSpec, machine: Machine) -> PairRequest:

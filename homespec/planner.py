@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from homespec.engine.pages import choose
-from homespec.footprint import KV_CELL_PAD, Footprint, estimate, kv_cells
+from homespec.footprint import KV_CELL_PAD, N_UBATCH, Footprint, estimate, kv_cells
 from homespec.gguf_meta import GGUFInfo
 from homespec.resources import RAM, Gpu, Machine
 from homespec.sizes import GiB, MiB, fmt_size
@@ -175,6 +175,8 @@ class PairRequest:
     # Flash attention where the pair runs on the CPU only: "on", or "auto" with this machine's
     # remembered verdict (engine/flash.py; none yet: planned without, the larger buffers)
     cpu_flash: bool = False
+    # and the batch size measured with that verdict (flash.FULL_BATCH where none)
+    cpu_batch: int = N_UBATCH
     # models.toml's huge_pages, for a pair kept loaded (the daemon, bench): `ask` loads once
     huge_pages: bool = False
 
@@ -234,31 +236,42 @@ def cpu_only(a: Arrangement) -> bool:
     return not uses_gpu(a, "target")
 
 
-def footprint_of(info: GGUFInfo, a: Arrangement, role: str, *, flash: bool) -> Footprint:
+def footprint_of(
+    info: GGUFInfo, a: Arrangement, role: str, *, flash: bool, n_batch: int = N_UBATCH
+) -> Footprint:
     """One model's estimate as arrangement `a` places it: the target with its verify rows of
-    logits and its RPC devices, the draft with one row."""
+    logits and its RPC devices, the draft with one row; `n_batch`: tokens a decode holds."""
+    n_ubatch = min(n_batch, a.n_ctx)
     if role == "target":
         return estimate(
             info,
             n_ctx=a.n_ctx,
-            n_outputs=a.n_outputs,
+            n_outputs=min(a.n_outputs, n_ubatch),
             gpu_layers=a.target_gpu_layers,
             gpu=a.gpu,
+            n_ubatch=n_ubatch,
             remote=a.remote,
             flash=flash,
         )
     assert a.draft_gpu_layers is not None
     return estimate(
-        info, n_ctx=a.n_ctx, n_outputs=1, gpu_layers=a.draft_gpu_layers, gpu=a.gpu, flash=flash
+        info,
+        n_ctx=a.n_ctx,
+        n_outputs=1,
+        gpu_layers=a.draft_gpu_layers,
+        gpu=a.gpu,
+        n_ubatch=n_ubatch,
+        flash=flash,
     )
 
 
 def evaluate(req: PairRequest, machine: Machine, a: Arrangement) -> tuple[DeviceUse, ...]:
     flash = req.cpu_flash and cpu_only(a)
-    target = footprint_of(req.target, a, "target", flash=flash)
+    n_batch = req.cpu_batch if cpu_only(a) else N_UBATCH
+    target = footprint_of(req.target, a, "target", flash=flash, n_batch=n_batch)
     draft = None
     if a.draft_gpu_layers is not None and req.draft is not None:
-        draft = footprint_of(req.draft, a, "draft", flash=flash)
+        draft = footprint_of(req.draft, a, "draft", flash=flash, n_batch=n_batch)
     return _use(machine, a, target, draft)
 
 

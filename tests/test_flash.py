@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from homespec.engine import flash
-from homespec.engine.flash import PLAIN_STEPS, VERIFY_STEPS, Costs, decide
+from homespec.engine.flash import (
+    BATCH_CAP_MS,
+    FULL_BATCH,
+    PLAIN_STEPS,
+    VERIFY_STEPS,
+    Costs,
+    decide,
+    decide_batch,
+)
 from homespec.engine.loader import load_pair
 from homespec.engine.repack import cache_key, remember
 from homespec.footprint import KQ_FACTOR, estimate, kv_cells
@@ -48,9 +56,12 @@ def test_a_gain_within_the_margin_is_not_worth_leaving_the_known_setting() -> No
 
 
 class Scratch(FakeTarget):
-    def __init__(self, on: bool, made: list[tuple[bool, Scratch]]) -> None:
-        super().__init__(n_ctx=max(flash.PROMPT, flash.DEPTH) + 8, n_outputs_max=8, decode_s=0.0)
+    def __init__(self, on: bool, made: list[tuple[bool, Scratch]], n_batch: int = 512) -> None:
+        super().__init__(
+            n_ctx=max(flash.PROMPT, flash.DEPTH, flash.LONG) + 8, n_outputs_max=8, decode_s=0.0
+        )
         self.closed = False
+        self.n_batch = n_batch
         made.append((on, self))
 
     def close(self) -> None:
@@ -59,10 +70,42 @@ class Scratch(FakeTarget):
 
 def test_each_setting_is_measured_in_a_context_of_its_own() -> None:
     made: list[tuple[bool, Scratch]] = []
-    times = flash.measure(lambda on: Scratch(on, made), [7])
+    times = flash.measure(lambda on, n: Scratch(on, made, n), [7])
     assert [on for on, _ in made] == [False, True]
     assert all(ctx.closed for _, ctx in made)
     assert set(times[False]) == set(times[True]) == {"prompt", "decode", "verify"}
+
+
+def test_the_smaller_batch_that_was_clearly_faster_on_a_long_prompt_is_kept() -> None:
+    # As timed on the 2-core Xeon: a long prompt without flash attention.
+    n_batch, why = decide_batch({512: 1500.0, 128: 1250.0, 64: 1100.0})
+    assert n_batch == 64
+    assert why.startswith("64-token batches: a 800-token prompt took 0.73×")
+    assert "512: 1500 ms, 128: 1250 ms, 64: 1100 ms" in why
+
+
+def test_the_full_batch_stays_unless_a_smaller_one_gains_more_than_the_margin() -> None:
+    assert decide_batch({512: 1000.0, 128: 990.0, 64: 1010.0})[0] == FULL_BATCH
+    assert decide_batch({512: 900.0, 128: 1000.0, 64: 1100.0})[0] == FULL_BATCH
+    assert decide_batch({512: 1000.0, 128: 900.0, 64: 900.0})[0] == 128  # a tie: the bigger
+
+
+def test_each_batch_size_is_timed_in_a_context_of_its_own_and_the_fastest_again() -> None:
+    made: list[tuple[bool, Scratch]] = []
+    ms = flash.measure_batches(lambda on, n: Scratch(on, made, n), [7])
+    assert set(ms) == set(flash.BATCHES)
+    assert [ctx.n_batch for _, ctx in made][: len(flash.BATCHES)] == list(flash.BATCHES)
+    assert len(made) == len(flash.BATCHES) + 2  # the two fastest, once more
+    assert all(not on and ctx.closed for on, ctx in made)
+
+
+def test_a_model_too_slow_for_the_timing_keeps_the_full_batch_untimed() -> None:
+    made: list[tuple[bool, Scratch]] = []
+    slow = {**OFF, "prompt": BATCH_CAP_MS + 1}
+    n_batch, why = flash.batch_verdict(lambda on, n: Scratch(on, made, n), [7], slow)
+    assert n_batch == FULL_BATCH and "not timed" in why and not made
+    flash.batch_verdict(lambda on, n: Scratch(on, made, n), [7], OFF)
+    assert made
 
 
 def test_the_verdict_is_measured_once_then_remembered(
@@ -78,19 +121,52 @@ def test_the_verdict_is_measured_once_then_remembered(
         return {False: OFF, True: {k: ms * 0.8 for k, ms in OFF.items()}}
 
     monkeypatch.setattr(flash, "measure", measure)
-    first = flash.verdict("m", model, lambda on: Scratch(on, []), [7], cache_file=cache)
+    first = flash.verdict("m", model, lambda on, n: Scratch(on, [], n), [7], cache_file=cache)
     assert (first.on, first.source) == (True, "measured")
-    again = flash.verdict("m", model, lambda on: Scratch(on, []), [7], cache_file=cache)
+    again = flash.verdict("m", model, lambda on, n: Scratch(on, [], n), [7], cache_file=cache)
     assert (again.on, again.source, again.why) == (True, "remembered", first.why)
     assert runs == [1]
     (entry,) = json.loads(cache.read_text()).values()
     assert entry["on"] is True and entry["model"] == "m"
+    assert entry["n_batch"] == FULL_BATCH  # flash attention writes no scores out
     # Another file (or the same one rewritten) is another model: measured afresh.
     model.write_bytes(b"GGUF again")
-    assert flash.verdict("m", model, lambda on: Scratch(on, []), [7], cache_file=cache).source == (
-        "measured"
-    )
+    assert flash.verdict(
+        "m", model, lambda on, n: Scratch(on, [], n), [7], cache_file=cache
+    ).source == ("measured")
     assert runs == [1, 1]
+
+
+def test_without_flash_attention_the_batch_size_is_timed_and_remembered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    cache = tmp_path / "flash.json"
+    timed: list[int] = []
+
+    def batches(*_: object) -> dict[int, float]:
+        timed.append(1)
+        return {512: 1900.0, 128: 1550.0, 64: 1400.0}
+
+    monkeypatch.setattr(flash, "measure", lambda *_: {False: OFF, True: OFF})
+    monkeypatch.setattr(flash, "measure_batches", batches)
+    made: list[tuple[bool, Scratch]] = []
+    first = flash.verdict("m", model, lambda on, n: Scratch(on, made, n), [7], cache_file=cache)
+    assert (first.on, first.n_batch) == (False, 64) and "0.74×" in first.batch_why
+    again = flash.verdict("m", model, lambda on, n: Scratch(on, made, n), [7], cache_file=cache)
+    assert again == replace(first, source="remembered") and timed == [1]
+    assert flash.remembered_batch(model, cache_file=cache) == 64
+    # A verdict remembered before batch sizes were timed is measured again, batch and all.
+    data = json.loads(cache.read_text())
+    for entry in data.values():
+        del entry["n_batch"]
+    cache.write_text(json.dumps(data))
+    assert flash.remembered_batch(model, cache_file=cache) == FULL_BATCH
+    assert flash.verdict("m", model, lambda on, n: Scratch(on, made, n), [7], cache_file=cache) == (
+        first
+    )
+    assert timed == [1, 1]
 
 
 def test_a_cpu_pair_measures_once_and_both_models_load_as_measured(
@@ -101,6 +177,8 @@ def test_a_cpu_pair_measures_once_and_both_models_load_as_measured(
         verdict = first.held.flash
         assert verdict is not None and verdict.source == "measured"
         assert [c.flash_attn for c in first.held.contexts] == [verdict.on, verdict.on]
+        n_batch = FULL_BATCH if verdict.on else verdict.n_batch
+        assert [c.n_batch for c in first.held.contexts] == [n_batch, n_batch]
     with load_pair(demo_manifest, "smollm2", load_draft=False) as again:
         assert again.held.flash == replace(verdict, source="remembered")
         assert again.held.contexts[0].flash_attn is verdict.on
@@ -109,6 +187,32 @@ def test_a_cpu_pair_measures_once_and_both_models_load_as_measured(
     with load_pair(demo_manifest, "smollm2", load_draft=False) as off:
         assert off.held.flash is None  # models.toml decides: nothing measured or read
         assert off.held.contexts[0].flash_attn is False
+        assert off.held.contexts[0].n_batch == FULL_BATCH
+
+
+def test_a_pair_decodes_in_the_batches_this_machine_measured(
+    demo_manifest: Manifest, target_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remembered 64-token batch: both contexts decode at most 64 tokens at once, so a
+    verify holds 63 drafts at most, and a prompt ten batches long reads as it does in one."""
+    from homespec.engine.generate import complete
+    from homespec.engine.types import GenerationRequest, Message
+
+    monkeypatch.setattr(flash, "cache_dir", lambda: tmp_path)
+    target = target_path
+    entry = {"on": False, "why": "timed", "n_batch": 64, "batch_why": "64-token batches"}
+    remember(tmp_path / flash.CACHE_NAME, flash.CACHE_PREFIX + cache_key(target, 0), entry, target)
+    prompt = "The quick brown fox jumps over the lazy dog. " * 70  # ~700 tokens
+    ask = GenerationRequest(
+        messages=[Message("user", prompt)], max_tokens=40, drafter="ngram", draft_tokens=64
+    )
+    with load_pair(demo_manifest, "smollm2") as loaded:
+        assert [c.n_batch for c in loaded.held.contexts] == [64, 64]
+        assert loaded.runtime.target.n_outputs_max == 64
+        text, stats = complete(loaded.runtime, ask)
+    assert stats.prompt_tokens > 10 * 64 and stats.completion_tokens == 40
+    assert "lazy dog" in text
+    assert stats.draft_steps and stats.proposed_tokens <= 63 * stats.draft_steps
 
 
 def test_the_plan_counts_no_attention_scores_where_flash_attention_is_on(tmp_path: Path) -> None:

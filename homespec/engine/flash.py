@@ -23,17 +23,34 @@ context grew, the answer's steps outweigh any prompt it saves. About three secon
 llama.cpp build, CPU and model file: the verdict is remembered beside the canary's
 (flash.json in the cache dir). The draft model follows the target's verdict.
 `flash_attn = "on" | "off"` in models.toml skips all of it.
+
+Without flash attention, llama.cpp writes each decode's attention scores out in full (tokens
+in the decode × cells of context, padded to 256, × heads), and on a long prompt those stop
+fitting the CPU's caches: on the 2-core Xeon, SmolLM2's 799-token prompt took 1.9-2.1 s in a
+context that decodes 512 tokens at once and 1.5-1.7 s in one that decodes 128 or 64 (the two
+within this box's noise of each other; 0.37 s at every size for a 256-token prompt), where
+llama-server, with flash attention, took 1.27 s; verifies of 32-63 tokens came up to 12%
+quicker there, one-token decodes level. A smaller batch reads the weights more often, which a
+big model feels more, and caps a verify at what one decode holds (63 drafts at 64), so where
+flash attention stays off the verdict also times a LONG-token prompt in a scratch context of
+each BATCHES size and keeps the fastest (the full batch unless another is MARGIN faster):
+about seven seconds more on the demo pair, once; skipped where the 256-token prompt alone took
+over BATCH_CAP_MS (a model that slow would spend a minute on it, and its weights, not its
+scores, set a prompt's pace). The pair's contexts, the draft's too, then decode at most that
+many tokens at once, and the memory plan counts scores for that many.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from homespec.engine import repack
+from homespec.footprint import N_UBATCH
 from homespec.paths import cache_dir
 
 if TYPE_CHECKING:  # numpy's: this module is read by the planner before llama.cpp loads
@@ -52,7 +69,10 @@ PROMPT = 256  # tokens of the scratch prompt
 DEPTH = 384  # tokens of context under the answer's steps
 PLAIN_STEPS, VERIFY_STEPS = 64, 8  # a request's answer: one-token steps and 8-token verifies
 MARGIN = 0.03
-N_BATCH = PROMPT  # the scratch contexts evaluate the prompt in one decode, as a pair does
+FULL_BATCH = N_UBATCH  # tokens a context decodes at once unless measured otherwise
+LONG = 800  # tokens of the prompt the batch sizes are timed on (past 768: 1,024 cells of scores)
+BATCHES = (FULL_BATCH, 128, 64)
+BATCH_CAP_MS = 800.0
 CACHE_NAME = "flash.json"  # in the cache dir, beside the canary's
 CACHE_PREFIX = "flash|"
 
@@ -64,6 +84,8 @@ class FlashVerdict:
     on: bool
     source: str  # "measured" or "remembered"
     why: str
+    n_batch: int = FULL_BATCH  # the most tokens one decode holds
+    batch_why: str = ""
 
 
 def request_ms(c: Costs) -> float:
@@ -80,13 +102,62 @@ def decide(off: Costs, on: Costs) -> tuple[bool, str]:
     return False, f"flash attention off: {said}"
 
 
-def measure(make: Callable[[bool], Scratch], filler: list[int]) -> dict[bool, Costs]:
-    """The costs both ways, each in a scratch context made by `make(flash)` (closed after)."""
+def decide_batch(ms: dict[int, float]) -> tuple[int, str]:
+    """The batch size to use, from a LONG-token prompt's time (ms) in contexts of each size."""
+    full = ms[FULL_BATCH]
+    best = min(ms, key=lambda b: (ms[b], -b))  # a tie goes to the bigger batch
+    tried = ", ".join(f"{b}: {ms[b]:.0f} ms" for b in sorted(ms, reverse=True))
+    if best != FULL_BATCH and ms[best] <= (1 - MARGIN) * full:
+        return best, (
+            f"{best}-token batches: a {LONG}-token prompt took {ms[best] / full:.2f}× the time "
+            f"of {FULL_BATCH}-token ones ({tried})"
+        )
+    return FULL_BATCH, f"{FULL_BATCH}-token batches: no smaller one was faster ({tried})"
+
+
+def measure_batches(make: Callable[[bool, int], Scratch], filler: list[int]) -> dict[int, float]:
+    """A LONG-token prompt's time (ms) in a scratch context of each BATCHES size (flash
+    attention off); the fastest two timed again (the fastest of two tries: a neighbour's burst
+    only ever slows one down)."""
+
+    def once(n_batch: int) -> float:
+        ctx = make(False, n_batch)
+        try:
+            ctx.extend(filler * 8, 1)  # a throwaway decode: threads and buffers settle first
+            ctx.clear()
+            t0 = time.perf_counter()
+            ctx.extend(filler * LONG, 1)
+            return (time.perf_counter() - t0) * 1000.0
+        finally:
+            ctx.close()
+
+    ms = {n_batch: once(n_batch) for n_batch in BATCHES}
+    for n_batch in sorted(ms, key=ms.__getitem__)[:2]:
+        ms[n_batch] = min(ms[n_batch], once(n_batch))
+    return ms
+
+
+def batch_verdict(
+    make: Callable[[bool, int], Scratch], filler: list[int], off: Costs
+) -> tuple[int, str]:
+    """The batch size where flash attention stays off: timed, unless the model is so slow that
+    timing it would take long and tell little (BATCH_CAP_MS)."""
+    if off["prompt"] > BATCH_CAP_MS:
+        return FULL_BATCH, (
+            f"{FULL_BATCH}-token batches: not timed (a {PROMPT}-token prompt took "
+            f"{off['prompt']:.0f} ms, over {BATCH_CAP_MS:.0f})"
+        )
+    return decide_batch(measure_batches(make, filler))
+
+
+def measure(make: Callable[[bool, int], Scratch], filler: list[int]) -> dict[bool, Costs]:
+    """The costs both ways, each in a scratch context made by `make(flash, FULL_BATCH)` (closed
+    after)."""
     from homespec.engine.calibration import decode_costs  # numpy: only when measuring
 
     out: dict[bool, Costs] = {}
     for flash in (False, True):
-        ctx = make(flash)
+        ctx = make(flash, FULL_BATCH)
         try:
             prompt = decode_costs(ctx, filler, filler, (PROMPT,), False)
             steps = decode_costs(ctx, filler * DEPTH, filler, (1, 8), True)
@@ -102,25 +173,37 @@ def _key(path: Path) -> str:
 
 def _known(path: Path, cache_file: Path) -> FlashVerdict | None:
     entry = repack.read_cache(cache_file).get(_key(path)) or {}
-    on = entry.get("on")
-    if not isinstance(on, bool):
-        return None
-    return FlashVerdict(on, "remembered", str(entry.get("why", "")))
+    on, n_batch = entry.get("on"), entry.get("n_batch")
+    if not isinstance(on, bool) or n_batch not in BATCHES:
+        return None  # (an entry from before batch sizes were timed is measured again)
+    assert isinstance(n_batch, int)
+    why, batch_why = str(entry.get("why", "")), str(entry.get("batch_why", ""))
+    return FlashVerdict(on, "remembered", why, n_batch, batch_why)
 
 
 def remembered(path: Path, *, cache_file: Path | None = None) -> bool | None:
     """The verdict this machine remembers for the model file at `path` (None: none yet)."""
     try:
-        known = _known(path, cache_file or cache_dir() / CACHE_NAME)
+        entry = repack.read_cache(cache_file or cache_dir() / CACHE_NAME).get(_key(path)) or {}
     except OSError:  # no such file (yet): nothing to remember
         return None
-    return None if known is None else known.on
+    on = entry.get("on")  # (an entry from before batch sizes were timed says this too)
+    return on if isinstance(on, bool) else None
+
+
+def remembered_batch(path: Path, *, cache_file: Path | None = None) -> int:
+    """The batch size this machine measured for the model file at `path` (else the full one)."""
+    try:
+        known = _known(path, cache_file or cache_dir() / CACHE_NAME)
+    except OSError:
+        return FULL_BATCH
+    return FULL_BATCH if known is None or known.on else known.n_batch
 
 
 def verdict(
     name: str,
     path: Path,
-    make: Callable[[bool], Scratch],
+    make: Callable[[bool, int], Scratch],
     filler: list[int],
     *,
     cache_file: Path | None = None,
@@ -130,9 +213,16 @@ def verdict(
     known = _known(path, cache_file)
     if known is not None:
         return known
-    LOG.info("%s: measuring flash attention on this CPU (once; about three seconds)…", name)
+    LOG.info(
+        "%s: measuring flash attention and batch sizes on this CPU (once; about ten seconds)…", name
+    )
     times = measure(make, filler)
     on, why = decide(times[False], times[True])
-    LOG.info("%s: %s", name, why)
-    repack.remember(cache_file, _key(path), {"on": on, "why": why, "model": name}, path)
-    return FlashVerdict(on, "measured", why)
+    if on:  # no scores written out: the full batch
+        n_batch, batch_why = FULL_BATCH, f"{FULL_BATCH}-token batches (flash attention)"
+    else:
+        n_batch, batch_why = batch_verdict(make, filler, times[False])
+    LOG.info("%s: %s; %s", name, why, batch_why)
+    entry = {"on": on, "why": why, "n_batch": n_batch, "batch_why": batch_why, "model": name}
+    repack.remember(cache_file, _key(path), dict(entry), path)
+    return FlashVerdict(on, "measured", why, n_batch, batch_why)

@@ -46,7 +46,7 @@ from homespec.sizes import fmt_size
 from homespec.workers import attach
 
 LOG = logging.getLogger("homespec.loader")
-N_BATCH = 512
+N_BATCH = flash.FULL_BATCH  # tokens a decode holds at most (flash.py may measure fewer)
 # How a pair's weights in RAM are held: "mapped" from the file (a one-off load: `ask`), or read
 # into 2 MiB pages where the plan says so, collapsed "now" (bench, doctor) or "later" by the
 # caller (the engine child, in the background while it serves): see engine/pages.py.
@@ -253,11 +253,11 @@ def _load_model(
         if held.flash is None:
             assert role == "target", "the target loads first"
 
-            def scratch(on: bool) -> LlamaContext:
+            def scratch(on: bool, n_batch: int) -> LlamaContext:
                 return LlamaContext(
                     model,
-                    n_ctx=max(flash.PROMPT, flash.DEPTH) + 8,
-                    n_batch=flash.N_BATCH,
+                    n_ctx=max(flash.PROMPT, flash.DEPTH, flash.LONG) + 8,
+                    n_batch=n_batch,
                     threads=threads,
                     flash_attn=on,
                     n_outputs_max=8,
@@ -269,12 +269,15 @@ def _load_model(
             held.flash = flash.verdict(name, info.path, scratch, filler)
         return held.flash.on
 
+    flash_attn = flash_attention(pair, on_gpu=not cpu_only(a), measured=measured)
+    # as measured with the flash verdict (CPU, flash_attn = "auto"); else the full batch
+    n_batch = held.flash.n_batch if held.flash is not None else N_BATCH
     ctx = LlamaContext(
         model,
         n_ctx=a.n_ctx,
-        n_batch=min(N_BATCH, a.n_ctx),
+        n_batch=min(n_batch, a.n_ctx),
         threads=threads,
-        flash_attn=flash_attention(pair, on_gpu=not cpu_only(a), measured=measured),
+        flash_attn=flash_attn,
         n_outputs_max=a.n_outputs if role == "target" else 1,
         crash_site=site,
         decode_site=Site.TARGET if role == "target" else Site.DRAFT,
@@ -288,7 +291,7 @@ def _load_model(
     if measure_peak:
         ctx.touch_peak()
     after = _used(a.gpu)
-    fp = footprint_of(info, a, role, flash=ctx.flash_attn is True)
+    fp = footprint_of(info, a, role, flash=ctx.flash_attn is True, n_batch=ctx.n_batch)
     predicted = {d: fp.on(d) for d in fp.devices}
     if uses_gpu(a, role) and not any(a.gpu in c.predicted for c in held.memory):
         # the first model on the card brings the CUDA context and libraries with it
