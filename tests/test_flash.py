@@ -5,6 +5,7 @@ the cache so only the first load pays for it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -68,9 +69,20 @@ class Scratch(FakeTarget):
         self.closed = True
 
 
+def scratches(made: list[tuple[bool, Scratch]]) -> Callable[[bool, int], Scratch]:
+    """What the loader hands flash.verdict: a scratch context per (flash, n_batch), kept."""
+    return lambda on, n_batch: Scratch(on, made, n_batch)
+
+
+def model_file(tmp_path: Path) -> Path:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    return model
+
+
 def test_each_setting_is_measured_in_a_context_of_its_own() -> None:
     made: list[tuple[bool, Scratch]] = []
-    times = flash.measure(lambda on, n: Scratch(on, made, n), [7])
+    times = flash.measure(scratches(made), [7])
     assert [on for on, _ in made] == [False, True]
     assert all(ctx.closed for _, ctx in made)
     assert set(times[False]) == set(times[True]) == {"prompt", "decode", "verify"}
@@ -92,7 +104,7 @@ def test_the_full_batch_stays_unless_a_smaller_one_gains_more_than_the_margin() 
 
 def test_each_batch_size_is_timed_in_a_context_of_its_own_and_the_fastest_again() -> None:
     made: list[tuple[bool, Scratch]] = []
-    ms = flash.measure_batches(lambda on, n: Scratch(on, made, n), [7])
+    ms = flash.measure_batches(scratches(made), [7])
     assert set(ms) == set(flash.BATCHES)
     assert [ctx.n_batch for _, ctx in made][: len(flash.BATCHES)] == list(flash.BATCHES)
     assert len(made) == len(flash.BATCHES) + 2  # the two fastest, once more
@@ -102,17 +114,16 @@ def test_each_batch_size_is_timed_in_a_context_of_its_own_and_the_fastest_again(
 def test_a_model_too_slow_for_the_timing_keeps_the_full_batch_untimed() -> None:
     made: list[tuple[bool, Scratch]] = []
     slow = {**OFF, "prompt": BATCH_CAP_MS + 1}
-    n_batch, why = flash.batch_verdict(lambda on, n: Scratch(on, made, n), [7], slow)
+    n_batch, why = flash.batch_verdict(scratches(made), [7], slow)
     assert n_batch == FULL_BATCH and "not timed" in why and not made
-    flash.batch_verdict(lambda on, n: Scratch(on, made, n), [7], OFF)
+    flash.batch_verdict(scratches(made), [7], OFF)
     assert made
 
 
 def test_the_verdict_is_measured_once_then_remembered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
+    model = model_file(tmp_path)
     cache = tmp_path / "canary.json"
     runs: list[int] = []
 
@@ -121,9 +132,9 @@ def test_the_verdict_is_measured_once_then_remembered(
         return {False: OFF, True: {k: ms * 0.8 for k, ms in OFF.items()}}
 
     monkeypatch.setattr(flash, "measure", measure)
-    first = flash.verdict("m", model, lambda on, n: Scratch(on, [], n), [7], cache_file=cache)
+    first = flash.verdict("m", model, scratches([]), [7], cache_file=cache)
     assert (first.on, first.source) == (True, "measured")
-    again = flash.verdict("m", model, lambda on, n: Scratch(on, [], n), [7], cache_file=cache)
+    again = flash.verdict("m", model, scratches([]), [7], cache_file=cache)
     assert (again.on, again.source, again.why) == (True, "remembered", first.why)
     assert runs == [1]
     (entry,) = json.loads(cache.read_text()).values()
@@ -131,17 +142,14 @@ def test_the_verdict_is_measured_once_then_remembered(
     assert entry["n_batch"] == FULL_BATCH  # flash attention writes no scores out
     # Another file (or the same one rewritten) is another model: measured afresh.
     model.write_bytes(b"GGUF again")
-    assert flash.verdict(
-        "m", model, lambda on, n: Scratch(on, [], n), [7], cache_file=cache
-    ).source == ("measured")
+    assert flash.verdict("m", model, scratches([]), [7], cache_file=cache).source == ("measured")
     assert runs == [1, 1]
 
 
 def test_without_flash_attention_the_batch_size_is_timed_and_remembered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
+    model = model_file(tmp_path)
     cache = tmp_path / "flash.json"
     timed: list[int] = []
 
@@ -152,9 +160,9 @@ def test_without_flash_attention_the_batch_size_is_timed_and_remembered(
     monkeypatch.setattr(flash, "measure", lambda *_: {False: OFF, True: OFF})
     monkeypatch.setattr(flash, "measure_batches", batches)
     made: list[tuple[bool, Scratch]] = []
-    first = flash.verdict("m", model, lambda on, n: Scratch(on, made, n), [7], cache_file=cache)
+    first = flash.verdict("m", model, scratches(made), [7], cache_file=cache)
     assert (first.on, first.n_batch) == (False, 64) and "0.74×" in first.batch_why
-    again = flash.verdict("m", model, lambda on, n: Scratch(on, made, n), [7], cache_file=cache)
+    again = flash.verdict("m", model, scratches(made), [7], cache_file=cache)
     assert again == replace(first, source="remembered") and timed == [1]
     assert flash.remembered_batch(model, cache_file=cache) == 64
     # A verdict remembered before batch sizes were timed is measured again, batch and all.
@@ -163,9 +171,7 @@ def test_without_flash_attention_the_batch_size_is_timed_and_remembered(
         del entry["n_batch"]
     cache.write_text(json.dumps(data))
     assert flash.remembered_batch(model, cache_file=cache) == FULL_BATCH
-    assert flash.verdict("m", model, lambda on, n: Scratch(on, made, n), [7], cache_file=cache) == (
-        first
-    )
+    assert flash.verdict("m", model, scratches(made), [7], cache_file=cache) == (first)
     assert timed == [1, 1]
 
 
@@ -228,8 +234,7 @@ def test_the_plan_expects_flash_attention_as_models_toml_or_this_machine_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(flash, "cache_dir", lambda: tmp_path)
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
+    model = model_file(tmp_path)
     auto = PairSpec(target="t", draft="d")
     on, off = (auto.model_copy(update={"flash_attn": v}) for v in ("on", "off"))
     assert (cpu_flash(on, model), cpu_flash(off, model)) == (True, False)
