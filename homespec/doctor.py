@@ -16,12 +16,12 @@ from typing import Any
 
 from gguf import LlamaFileType
 
-from homespec.engine import repack
+from homespec.engine import flash, repack
 from homespec.errors import EngineError, HomespecError
 from homespec.gguf_meta import GGUFInfo, compatibility_problems, read_gguf
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
 from homespec.pairs import inspect_pair, plan
-from homespec.planner import PairPlan
+from homespec.planner import PairPlan, cpu_only
 from homespec.resources import Machine
 from homespec.sizes import fmt_size
 from homespec.workers import public_bind, split_endpoint
@@ -67,6 +67,8 @@ class PairReport:
     # pair, one the daemon serves, or one named with --pair, whose absence is an error.
     not_set_up: bool = False
     required: bool = True
+    # Where the pair runs on the CPU only: flash attention and batch size (engine/flash.py)
+    cpu_attention: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +81,7 @@ class PairReport:
             "measured": self.measured,
             "costs": self.costs or None,
             "not_set_up": self.not_set_up,
+            "cpu_attention": self.cpu_attention or None,
         }
 
 
@@ -117,6 +120,10 @@ def check_pair(
     except HomespecError as err:
         report.status, report.error = BROKEN, str(err)
         return report
+    _, pair = manifest.pair(name)
+    if report.plan.runnable and cpu_only(report.plan.arrangement):
+        target = manifest.require_model_file(pair.target, name)
+        report.cpu_attention = flash.describe(pair.flash_attn, target)
     if not report.plan.runnable:
         report.status = BROKEN
     elif report.plan.degraded:
@@ -379,6 +386,8 @@ def render_pair(r: PairReport) -> list[str]:
         lines.append(f"  memory  (context {a.n_ctx} tokens)")
         lines += render_plan_table(r.plan)
         lines.append(f"  plan    {a.rung} → {a.mode}: {r.plan.reason}")
+        if r.cpu_attention:
+            lines.append(f"  cpu     {r.cpu_attention}")
         lines += [f"  note    {n}" for n in r.plan.notes]
         if r.plan.huge_pages:
             lines.append(

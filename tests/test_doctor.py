@@ -66,6 +66,31 @@ def unmeasured_flash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("unmeasured_flash")
+def test_doctor_says_what_a_cpu_pair_runs_its_attention_with(
+    demo_manifest: Manifest, target_path: Path
+) -> None:
+    """Flash attention and the batch size, as this machine measured them for the target, or
+    that the first load will (engine/flash.py)."""
+    from homespec.engine import flash
+    from homespec.engine.repack import cache_key, remember
+
+    code, out, _ = invoke("doctor", *DEMO)
+    assert code == 0
+    assert "  cpu     not measured yet: the first load times flash attention and batch sizes" in out
+    entry = {
+        "on": False,
+        "why": "flash attention off: a request took 1.17× the time without it",
+        "n_batch": 128,
+        "batch_why": "128-token batches: a prompt of 800 tokens took 0.83× the time",
+    }
+    key = flash.CACHE_PREFIX + cache_key(target_path, 0)
+    remember(cache_dir() / flash.CACHE_NAME, key, entry, target_path)
+    code, out, _ = invoke("doctor", *DEMO, "--json")
+    (pair, _) = json.loads(out)["pairs"]
+    assert pair["cpu_attention"] == f"{entry['why']}; {entry['batch_why']}"
+
+
+@pytest.mark.usefixtures("unmeasured_flash")
 def test_budget_makes_the_pair_fall_back_and_say_why(
     demo_manifest: Manifest, monkeypatch: pytest.MonkeyPatch
 ) -> None:

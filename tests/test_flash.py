@@ -92,7 +92,7 @@ def test_the_smaller_batch_that_was_clearly_faster_on_a_long_prompt_is_kept() ->
     # As timed on the 2-core Xeon: a long prompt without flash attention.
     n_batch, why = decide_batch({512: 1500.0, 128: 1250.0, 64: 1100.0})
     assert n_batch == 64
-    assert why.startswith("64-token batches: a 800-token prompt took 0.73×")
+    assert why.startswith("64-token batches: a prompt of 800 tokens took 0.73×")
     assert "512: 1500 ms, 128: 1250 ms, 64: 1100 ms" in why
 
 

@@ -109,7 +109,7 @@ def decide_batch(ms: dict[int, float]) -> tuple[int, str]:
     tried = ", ".join(f"{b}: {ms[b]:.0f} ms" for b in sorted(ms, reverse=True))
     if best != FULL_BATCH and ms[best] <= (1 - MARGIN) * full:
         return best, (
-            f"{best}-token batches: a {LONG}-token prompt took {ms[best] / full:.2f}× the time "
+            f"{best}-token batches: a prompt of {LONG} tokens took {ms[best] / full:.2f}× the time "
             f"of {FULL_BATCH}-token ones ({tried})"
         )
     return FULL_BATCH, f"{FULL_BATCH}-token batches: no smaller one was faster ({tried})"
@@ -191,13 +191,30 @@ def remembered(path: Path, *, cache_file: Path | None = None) -> bool | None:
     return on if isinstance(on, bool) else None
 
 
+def remembered_verdict(path: Path, *, cache_file: Path | None = None) -> FlashVerdict | None:
+    """The whole verdict this machine remembers for the model file at `path` (doctor shows
+    it), None where it has none with a batch size yet."""
+    try:
+        return _known(path, cache_file or cache_dir() / CACHE_NAME)
+    except OSError:
+        return None
+
+
 def remembered_batch(path: Path, *, cache_file: Path | None = None) -> int:
     """The batch size this machine measured for the model file at `path` (else the full one)."""
-    try:
-        known = _known(path, cache_file or cache_dir() / CACHE_NAME)
-    except OSError:
-        return FULL_BATCH
+    known = remembered_verdict(path, cache_file=cache_file)
     return FULL_BATCH if known is None or known.on else known.n_batch
+
+
+def describe(flash_attn: str, path: Path) -> str:
+    """What a pair on the CPU only runs with, for `doctor`: its models.toml setting, or for
+    "auto" the remembered verdict and batch size, or that the first load measures them."""
+    if flash_attn != "auto":
+        return f"flash attention {flash_attn} (models.toml), {FULL_BATCH}-token batches"
+    known = remembered_verdict(path)
+    if known is None:
+        return "not measured yet: the first load times flash attention and batch sizes"
+    return f"{known.why}; {known.batch_why or f'{known.n_batch}-token batches'}"
 
 
 def verdict(
