@@ -57,17 +57,22 @@ def fake_manifest_file(directory: Path, server: str = "") -> Path:
     return path
 
 
-def demo_manifest_file(demo: Manifest, directory: Path, server: str = "") -> Path:
-    """The demo pair with absolute paths (so the file can live anywhere) and a small context."""
+def demo_manifest_file(
+    demo: Manifest, directory: Path, server: str = "", flash_attn: str = "auto"
+) -> Path:
+    """The demo pair with absolute paths (so the file can live anywhere) and a small context.
+    `flash_attn` other than "auto" pins the CPU contexts to llama.cpp's full batch, so their
+    footprint does not follow what this machine measured (engine/flash.py)."""
     target = demo.model_path("smollm2-135m-f32")
     draft = demo.model_path("smollm2-135m-q4_1")
     path = directory / "models.toml"
     path.write_text(
         f'default_pair = "smollm2"\n[server]\n{server}\n'
         f'[models.t]\npath = "{target}"\n[models.d]\npath = "{draft}"\n'
-        '[pairs.smollm2]\ntarget = "t"\ndraft = "d"\nn_ctx = 1024\n'
+        f'[pairs.smollm2]\ntarget = "t"\ndraft = "d"\nn_ctx = 1024\nflash_attn = "{flash_attn}"\n'
         "[pairs.smollm2.tasks.creative]\nspeculative = false\n"
-        '[pairs.smollm2-ngram]\ntarget = "t"\ndraft = "ngram"\nn_ctx = 1024\n'
+        f'[pairs.smollm2-ngram]\ntarget = "t"\ndraft = "ngram"\nn_ctx = 1024\n'
+        f'flash_attn = "{flash_attn}"\n'
     )
     return path
 
