@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from homespec.engine.chat_template import InvalidTemplate, TemplateError, render
+from homespec.engine.chat_template import InvalidTemplate, TemplateError, chat_prompt, render
 from homespec.engine.chat_text import chat_tokens, split_chat
 from homespec.engine.llama_backend import LlamaModel
 from homespec.engine.loader import LoadedPair
 from homespec.engine.types import GenerationRequest, Message
+from homespec.errors import RequestError
 from tests.fake_target import FakeVocab
 
 
@@ -49,6 +50,32 @@ def test_a_typed_marker_is_text_unless_the_pair_allows_it() -> None:
     assert chat_tokens(vocab, msgs, allow_special=False) == chat_tokens(
         vocab, msgs, allow_special=True
     )
+
+
+def test_a_chat_prompt_falls_back_refuses_or_drops_a_doubled_bos_as_the_template_allows() -> None:
+    """chat_template.chat_prompt: what LlamaModel.chat_prompt does around llama.cpp."""
+    two = [Message("user", "a"), Message("assistant", "b")]
+    kw = {"model": "m.gguf", "bos_token": "<s>", "eos_token": "</s>"}
+
+    def builtin() -> str:
+        return "llama.cpp's rendering"
+
+    # No template (a base model): a plain transcript ending where the answer starts
+    assert chat_prompt("", two, add_bos=True, builtin=builtin, **kw) == (
+        "User: a\n\nAssistant: b\n\nAssistant:"
+    )
+    # The tokenizer adds BOS itself: the template's is dropped, else kept
+    tmpl = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert chat_prompt(tmpl, two, add_bos=True, builtin=builtin, **kw) == "ab"
+    assert chat_prompt(tmpl, two, add_bos=False, builtin=builtin, **kw) == "<s>ab"
+    # Not Jinja: llama.cpp's built-in renderer; refused by the template: the request's error
+    assert chat_prompt("{% for m in messages %}", two, add_bos=True, builtin=builtin, **kw) == (
+        "llama.cpp's rendering"
+    )
+    refuse = "{{ raise_exception('no assistants') }}"
+    with pytest.raises(RequestError, match=r"m\.gguf's chat template cannot render") as e:
+        chat_prompt(refuse, two, add_bos=True, builtin=builtin, **kw)
+    assert "no assistants" in str(e.value) and "raw prompt" in e.value.hint
 
 
 @pytest.mark.models

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -24,6 +26,9 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from homespec.engine.types import Message
+from homespec.errors import RequestError
+
+LOG = logging.getLogger("homespec.engine")
 
 
 class TemplateError(Exception):
@@ -78,3 +83,40 @@ def render(source: str, messages: list[Message], *, bos_token: str, eos_token: s
         raise
     except Exception as exc:  # a template is a program: whatever it raises is this chat's
         raise TemplateError(f"the chat template failed: {exc}") from None
+
+
+def chat_prompt(
+    source: str,
+    messages: list[Message],
+    *,
+    model: str,
+    bos_token: str,
+    eos_token: str,
+    add_bos: bool,
+    builtin: Callable[[], str],
+) -> str:
+    """A chat's prompt for the model file named `model` whose template is `source`.
+
+    A template that is not valid Jinja is rendered by `builtin` (llama.cpp's renderer, which
+    knows the common templates by their look) instead, with a warning at load and in every
+    request's prompt_format. A base model without a template ("") gets a plain "Role: text"
+    transcript; the engine reports that in the request's stats (`prompt_format`). The prompt
+    leaves out a leading BOS where the tokenizer adds one itself: not twice.
+    """
+    if not source:
+        turns = [f"{m.role.capitalize()}: {m.content}" for m in messages]
+        return "\n\n".join([*turns, "Assistant:"])
+    try:
+        text = render(source, messages, bos_token=bos_token, eos_token=eos_token)
+    except InvalidTemplate as exc:
+        LOG.debug("%s: %s; using llama.cpp's built-in renderer", model, exc)
+        return builtin()
+    except TemplateError as exc:
+        raise RequestError(
+            f"{model}'s chat template cannot render these messages: {exc}",
+            "check the roles and their order (many templates want user and assistant "
+            "turns to alternate), or send a raw prompt",
+        ) from None
+    if bos_token and add_bos and text.startswith(bos_token):
+        text = text[len(bos_token) :]
+    return text

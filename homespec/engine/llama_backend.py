@@ -210,37 +210,17 @@ class LlamaModel:
         return self._template_problem
 
     def chat_prompt(self, messages: list[Message]) -> str:
-        """Render messages with the model's own chat template, as Jinja (chat_template.py).
-
-        A template that is not valid Jinja is rendered by llama.cpp's built-in renderer
-        instead (it knows the common templates by their look), with a warning. A base model
-        without a template gets a plain "Role: text" transcript; the engine reports that in
-        the request's stats (`prompt_format`).
-        """
+        """Render messages with the model's own chat template (chat_template.chat_prompt)."""
         tmpl = lc.llama_model_chat_template(self._model, None)
-        if not tmpl:
-            turns = [f"{m.role.capitalize()}: {m.content}" for m in messages]
-            return "\n\n".join([*turns, "Assistant:"])
-        bos = self._special_text(lc.llama_vocab_bos(self._vocab))
-        eos = self._special_text(lc.llama_vocab_eos(self._vocab))
-        try:
-            text = chat_template.render(
-                tmpl.decode("utf-8", "replace"), messages, bos_token=bos, eos_token=eos
-            )
-        except chat_template.InvalidTemplate as exc:
-            # said once at load and in every request's prompt_format (template_problem)
-            LOG.debug("%s: %s; using llama.cpp's built-in renderer", self.path.name, exc)
-            return self._builtin_chat_prompt(tmpl, messages)
-        except chat_template.TemplateError as exc:
-            raise RequestError(
-                f"{self.path.name}'s chat template cannot render these messages: {exc}",
-                "check the roles and their order (many templates want user and assistant "
-                "turns to alternate), or send a raw prompt",
-            ) from None
-        # The tokenizer adds BOS itself when the model wants one: not twice.
-        if bos and self.add_bos and text.startswith(bos):
-            text = text[len(bos) :]
-        return text
+        return chat_template.chat_prompt(
+            tmpl.decode("utf-8", "replace") if tmpl else "",
+            messages,
+            model=self.path.name,
+            bos_token=self._special_text(lc.llama_vocab_bos(self._vocab)),
+            eos_token=self._special_text(lc.llama_vocab_eos(self._vocab)),
+            add_bos=self.add_bos,
+            builtin=lambda: self._builtin_chat_prompt(tmpl, messages),
+        )
 
     def _special_text(self, token: int) -> str:
         if token < 0:
