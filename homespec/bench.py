@@ -41,7 +41,7 @@ from homespec.engine.generate import PairRuntime, complete
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.errors import ConfigError
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
-from homespec.planner import PairPlan
+from homespec.plan_types import PairPlan
 from homespec.vocab import DRAFTERS, BenchMode
 from homespec.workload import WorkItem
 

@@ -21,7 +21,8 @@ from homespec.errors import EngineError, HomespecError
 from homespec.gguf_meta import GGUFInfo, compatibility_problems, read_gguf
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest
 from homespec.pairs import inspect_pair, plan
-from homespec.planner import PairPlan, cpu_only
+from homespec.plan_types import PairPlan
+from homespec.planner import cpu_only
 from homespec.resources import Machine
 from homespec.sizes import fmt_size
 from homespec.workers import public_bind, split_endpoint

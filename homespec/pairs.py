@@ -14,7 +14,8 @@ from homespec.engine import flash
 from homespec.gguf_meta import GGUFInfo, check_pair, read_gguf
 from homespec.integrity import verify_sha256
 from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT, Manifest, PairSpec
-from homespec.planner import PairPlan, PairRequest, plan_pair
+from homespec.plan_types import PairPlan, PairRequest
+from homespec.planner import plan_pair
 from homespec.resources import Machine, budgets_from
 from homespec.vocab import PlanMode
 

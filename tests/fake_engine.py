@@ -27,7 +27,7 @@ from homespec.engine.generate import PairRuntime
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.protocol import EngineInfo, Load
 from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT
-from homespec.planner import Arrangement, PairPlan
+from homespec.plan_types import Arrangement, PairPlan
 from homespec.resources import Machine
 from homespec.vocab import PlanMode, Rung
 

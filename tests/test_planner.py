@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 from homespec.footprint import estimate
 from homespec.gguf_meta import GGUFInfo
+from homespec.plan_types import PairRequest
 from homespec.planner import (
     GPU_RESERVE,
     GPU_RUNTIME,
     GPU_RUNTIME_HOST,
     RAM_RESERVE,
-    PairRequest,
     candidates,
     evaluate,
     plan_pair,

@@ -76,7 +76,7 @@ from homespec.engine.protocol import (
 )
 from homespec.engine.types import Chunk, GenerationStats
 from homespec.errors import HomespecError
-from homespec.planner import PairPlan
+from homespec.plan_types import PairPlan
 from homespec.resources import Machine
 
 LOG = logging.getLogger("homespec.engine")

@@ -33,9 +33,8 @@ from homespec.engine.neighbours import ThreadAdapter, physical_cores
 from homespec.errors import OutOfMemoryError
 from homespec.manifest import Manifest, PairSpec
 from homespec.pairs import PairFiles, inspect_pair, plan
+from homespec.plan_types import Arrangement, PairPlan
 from homespec.planner import (
-    Arrangement,
-    PairPlan,
     cpu_only,
     footprint_of,
     runtime_cost,

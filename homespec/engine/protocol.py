@@ -18,7 +18,7 @@ from homespec.engine.pages import Settled
 from homespec.engine.repack import Verdict
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats
 from homespec.manifest import Manifest
-from homespec.planner import PairPlan
+from homespec.plan_types import PairPlan
 from homespec.resources import Machine
 from homespec.vocab import PairMode
 
