@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from homespec.engine.flash import (
     PLAIN_STEPS,
     VERIFY_STEPS,
     Costs,
+    FlashVerdict,
     decide,
     decide_batch,
 )
@@ -80,6 +82,24 @@ def model_file(tmp_path: Path) -> Path:
     return model
 
 
+class Meter:
+    """What flash.verdict reads other processes' CPU with: `cores` (None: it read nothing)."""
+
+    def __init__(self, cores: float | None) -> None:
+        self.cores = cores
+        self.resumed = False
+
+    def resume(self) -> None:
+        self.resumed = True
+
+    def others(self) -> float | None:
+        assert self.resumed, "read before the measurement started"
+        return self.cores
+
+
+QUIET_BOX: dict[str, Any] = {"quiet": lambda _: 0.0, "meter": lambda: Meter(0.0)}
+
+
 def test_each_setting_is_measured_in_a_context_of_its_own() -> None:
     made: list[tuple[bool, Scratch]] = []
     times = flash.measure(scratches(made), [7])
@@ -132,9 +152,9 @@ def test_the_verdict_is_measured_once_then_remembered(
         return {False: OFF, True: {k: ms * 0.8 for k, ms in OFF.items()}}
 
     monkeypatch.setattr(flash, "measure", measure)
-    first = flash.verdict("m", model, scratches([]), [7], cache_file=cache)
+    first = flash.verdict("m", model, scratches([]), [7], cache_file=cache, **QUIET_BOX)
     assert (first.on, first.source) == (True, "measured")
-    again = flash.verdict("m", model, scratches([]), [7], cache_file=cache)
+    again = flash.verdict("m", model, scratches([]), [7], cache_file=cache, **QUIET_BOX)
     assert (again.on, again.source, again.why) == (True, "remembered", first.why)
     assert runs == [1]
     (entry,) = json.loads(cache.read_text()).values()
@@ -142,8 +162,57 @@ def test_the_verdict_is_measured_once_then_remembered(
     assert entry["n_batch"] == FULL_BATCH  # flash attention writes no scores out
     # Another file (or the same one rewritten) is another model: measured afresh.
     model.write_bytes(b"GGUF again")
-    assert flash.verdict("m", model, scratches([]), [7], cache_file=cache).source == ("measured")
+    again = flash.verdict("m", model, scratches([]), [7], cache_file=cache, **QUIET_BOX)
+    assert again.source == "measured"
     assert runs == [1, 1]
+
+
+def test_a_verdict_timed_on_a_busy_machine_is_provisional_until_a_quiet_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Other processes' CPU while timing (four servers starting beside it made a 256-token
+    prompt take twice its time): the verdict is kept, marked, and timed again at the first
+    load that finds the machine quiet; a load that finds it busy keeps it without waiting."""
+    monkeypatch.setattr(flash, "cache_dir", lambda: tmp_path)
+    model = model_file(tmp_path)
+    cache = tmp_path / flash.CACHE_NAME
+    runs: list[int] = []
+
+    def batches(*_: object) -> dict[int, float]:
+        runs.append(1)
+        return {512: 1900.0, 128: 1500.0, 64: 1600.0}
+
+    monkeypatch.setattr(flash, "measure", lambda *_: {False: OFF, True: OFF})
+    monkeypatch.setattr(flash, "measure_batches", batches)
+    waits: list[float] = []
+
+    def box(before: float | None, during: float | None) -> dict[str, Any]:
+        def quiet(max_s: float) -> float | None:
+            waits.append(max_s)
+            return before
+
+        return {"quiet": quiet, "meter": lambda: Meter(during)}
+
+    def timed(before: float | None, during: float | None) -> FlashVerdict:
+        made = scratches([])
+        return flash.verdict("m", model, made, [7], cache_file=cache, **box(before, during))
+
+    first = timed(1.5, 1.2)  # waited QUIET_WAIT_S in vain, then timed busy
+    assert (first.on, first.n_batch, first.busy, first.source) == (False, 128, 1.2, "measured")
+    assert waits == [flash.QUIET_WAIT_S] and runs == [1]
+    assert "took 1.2 cores" in caplog.text and "timed again" in caplog.text
+    assert flash.remembered_batch(model, cache_file=cache) == 128  # used meanwhile
+    assert "(provisional: timed while other processes took 1.2 cores;" in flash.describe(
+        "auto", model
+    )
+    # Still busy at the next load: one look, no timing, the provisional verdict stands.
+    assert timed(0.9, None) == replace(first, source="remembered")
+    assert waits[1:] == [0.0] and runs == [1]
+    # Quiet: timed again, and this one is final (no look at later loads).
+    again = timed(0.1, flash.QUIET - 0.1)
+    assert again == replace(first, busy=None) and runs == [1, 1]
+    assert timed(None, None) == replace(again, source="remembered")
+    assert waits[2:] == [0.0] and runs == [1, 1]
 
 
 def test_without_flash_attention_the_batch_size_is_timed_and_remembered(
@@ -160,9 +229,9 @@ def test_without_flash_attention_the_batch_size_is_timed_and_remembered(
     monkeypatch.setattr(flash, "measure", lambda *_: {False: OFF, True: OFF})
     monkeypatch.setattr(flash, "measure_batches", batches)
     made: list[tuple[bool, Scratch]] = []
-    first = flash.verdict("m", model, scratches(made), [7], cache_file=cache)
+    first = flash.verdict("m", model, scratches(made), [7], cache_file=cache, **QUIET_BOX)
     assert (first.on, first.n_batch) == (False, 64) and "0.74×" in first.batch_why
-    again = flash.verdict("m", model, scratches(made), [7], cache_file=cache)
+    again = flash.verdict("m", model, scratches(made), [7], cache_file=cache, **QUIET_BOX)
     assert again == replace(first, source="remembered") and timed == [1]
     assert flash.remembered_batch(model, cache_file=cache) == 64
     # A verdict remembered before batch sizes were timed is measured again, batch and all.
@@ -171,7 +240,7 @@ def test_without_flash_attention_the_batch_size_is_timed_and_remembered(
         del entry["n_batch"]
     cache.write_text(json.dumps(data))
     assert flash.remembered_batch(model, cache_file=cache) == FULL_BATCH
-    assert flash.verdict("m", model, scratches(made), [7], cache_file=cache) == (first)
+    assert flash.verdict("m", model, scratches(made), [7], cache_file=cache, **QUIET_BOX) == (first)
     assert timed == [1, 1]
 
 
@@ -179,6 +248,7 @@ def test_a_cpu_pair_measures_once_and_both_models_load_as_measured(
     demo_manifest: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(flash, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(flash, "QUIET", float("inf"))  # remembered however busy the box
     with load_pair(demo_manifest, "smollm2") as first:
         verdict = first.held.flash
         assert verdict is not None and verdict.source == "measured"

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from homespec.engine import repack
+from homespec.engine.neighbours import CpuMeter, wait_for_quiet
 from homespec.footprint import N_UBATCH
 from homespec.paths import cache_dir
 
@@ -63,6 +64,13 @@ if TYPE_CHECKING:  # numpy's: this module is read by the planner before llama.cp
 
         def close(self) -> None: ...
 
+    class Meter(Protocol):
+        """What other processes took (cores) from resume() to others() (CpuMeter)."""
+
+        def resume(self) -> None: ...
+
+        def others(self) -> float | None: ...
+
 
 LOG = logging.getLogger("homespec.engine")
 PROMPT = 256  # tokens of the scratch prompt
@@ -74,6 +82,10 @@ LONG = 800  # tokens of the prompt the batch sizes are timed on (past 768: 1,024
 BATCHES = (FULL_BATCH, 128, 64)
 BATCH_CAP_MS = 800.0
 CACHE_NAME = "flash.json"  # in the cache dir, beside the canary's
+# Other processes may take this many cores while the verdict is timed (as calibration allows),
+# waited for at most QUIET_WAIT_S first; a verdict timed busier is provisional (verdict()).
+QUIET = 0.5
+QUIET_WAIT_S = 5.0
 CACHE_PREFIX = "flash|"
 
 Costs = dict[str, float]  # ms: "prompt", "decode" (one token), "verify" (eight)
@@ -86,6 +98,7 @@ class FlashVerdict:
     why: str
     n_batch: int = FULL_BATCH  # the most tokens one decode holds
     batch_why: str = ""
+    busy: float | None = None  # cores other processes took while it was timed, QUIET or more
 
 
 def request_ms(c: Costs) -> float:
@@ -178,7 +191,9 @@ def _known(path: Path, cache_file: Path) -> FlashVerdict | None:
         return None  # (an entry from before batch sizes were timed is measured again)
     assert isinstance(n_batch, int)
     why, batch_why = str(entry.get("why", "")), str(entry.get("batch_why", ""))
-    return FlashVerdict(on, "remembered", why, n_batch, batch_why)
+    busy = entry.get("busy")
+    busy = float(busy) if isinstance(busy, int | float) else None
+    return FlashVerdict(on, "remembered", why, n_batch, batch_why, busy)
 
 
 def remembered(path: Path, *, cache_file: Path | None = None) -> bool | None:
@@ -214,7 +229,17 @@ def describe(flash_attn: str, path: Path) -> str:
     known = remembered_verdict(path)
     if known is None:
         return "not measured yet: the first load times flash attention and batch sizes"
-    return f"{known.why}; {known.batch_why or f'{known.n_batch}-token batches'}"
+    said = f"{known.why}; {known.batch_why or f'{known.n_batch}-token batches'}"
+    if known.busy is not None:
+        said += (
+            f" (provisional: timed while other processes took {known.busy:.1f} cores; "
+            "timed again at a load that finds this machine quiet)"
+        )
+    return said
+
+
+def _quiet(max_s: float) -> float | None:
+    return wait_for_quiet(QUIET, max_s)
 
 
 def verdict(
@@ -224,15 +249,32 @@ def verdict(
     filler: list[int],
     *,
     cache_file: Path | None = None,
+    quiet: Callable[[float], float | None] = _quiet,
+    meter: Callable[[], Meter] = CpuMeter,
 ) -> FlashVerdict:
-    """The remembered verdict for the model file at `path`, else a measured one (remembered)."""
+    """The remembered verdict for the model file at `path`, else a measured one (remembered).
+
+    Timed on a quiet machine: the first measurement on the 2-core Xeon, while four servers
+    started beside it, timed a 256-token prompt at 828 ms (twice its time), over
+    BATCH_CAP_MS, so the batch size went untimed and the box kept 512-token batches, first
+    tokens 1.2× slower on 800-token prompts. So it waits (at most QUIET_WAIT_S) for other
+    processes to take under QUIET cores, and a verdict timed while they took more is
+    remembered as provisional (`busy`): a later load that finds the machine quiet (one
+    quarter-second look) times it again, a busy one keeps it without waiting. `quiet(max_s)`
+    waits and says what the others took; `meter` reads it over the timing
+    (engine/neighbours.py)."""
     cache_file = cache_file or cache_dir() / CACHE_NAME
     known = _known(path, cache_file)
-    if known is not None:
+    if known is not None and known.busy is None:
         return known
+    before = quiet(0.0 if known is not None else QUIET_WAIT_S)
+    if known is not None and (before is None or before >= QUIET):
+        return known  # still busy: the provisional verdict stands
     LOG.info(
         "%s: measuring flash attention and batch sizes on this CPU (once; about ten seconds)…", name
     )
+    others = meter()
+    others.resume()
     times = measure(make, filler)
     on, why = decide(times[False], times[True])
     if on:  # no scores written out: the full batch
@@ -240,6 +282,15 @@ def verdict(
     else:
         n_batch, batch_why = batch_verdict(make, filler, times[False])
     LOG.info("%s: %s; %s", name, why, batch_why)
+    took = others.others()
+    busy = round(took, 2) if took is not None and took >= QUIET else None
+    if busy is not None:
+        LOG.warning(
+            "%s: other processes took %.1f cores while flash attention and batch sizes were "
+            "timed: kept for now, timed again at a load that finds this machine quiet",
+            name,
+            busy,
+        )
     entry = {"on": on, "why": why, "n_batch": n_batch, "batch_why": batch_why, "model": name}
-    repack.remember(cache_file, _key(path), dict(entry), path)
-    return FlashVerdict(on, "measured", why, n_batch, batch_why)
+    repack.remember(cache_file, _key(path), {**entry, "busy": busy}, path)
+    return FlashVerdict(on, "measured", why, n_batch, batch_why, busy)
