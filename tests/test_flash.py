@@ -170,8 +170,8 @@ def test_the_verdict_is_measured_once_then_remembered(
 def test_a_verdict_timed_on_a_busy_machine_is_provisional_until_a_quiet_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Other processes' CPU while timing (four servers starting beside it made a 256-token
-    prompt take twice its time): the verdict is kept, marked, and timed again at the first
+    """Other processes' CPU while timing (four servers starting beside it put a 256-token
+    prompt over BATCH_CAP_MS): the verdict is kept, marked, and timed again at the first
     load that finds the machine quiet; a load that finds it busy keeps it without waiting."""
     monkeypatch.setattr(flash, "cache_dir", lambda: tmp_path)
     model = model_file(tmp_path)
@@ -194,8 +194,8 @@ def test_a_verdict_timed_on_a_busy_machine_is_provisional_until_a_quiet_load(
         return {"quiet": quiet, "meter": lambda: Meter(during)}
 
     def timed(before: float | None, during: float | None) -> FlashVerdict:
-        made = scratches([])
-        return flash.verdict("m", model, made, [7], cache_file=cache, **box(before, during))
+        make = scratches([])
+        return flash.verdict("m", model, make, [7], cache_file=cache, **box(before, during))
 
     first = timed(1.5, 1.2)  # waited QUIET_WAIT_S in vain, then timed busy
     assert (first.on, first.n_batch, first.busy, first.source) == (False, 128, 1.2, "measured")

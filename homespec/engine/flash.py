@@ -255,8 +255,8 @@ def verdict(
     """The remembered verdict for the model file at `path`, else a measured one (remembered).
 
     Timed on a quiet machine: the first measurement on the 2-core Xeon, while four servers
-    started beside it, timed a 256-token prompt at 828 ms (twice its time), over
-    BATCH_CAP_MS, so the batch size went untimed and the box kept 512-token batches, first
+    started beside it, timed a 256-token prompt at 828 ms, over BATCH_CAP_MS, so the
+    batch size went untimed and the box kept 512-token batches, first
     tokens 1.2× slower on 800-token prompts. So it waits (at most QUIET_WAIT_S) for other
     processes to take under QUIET cores, and a verdict timed while they took more is
     remembered as provisional (`busy`): a later load that finds the machine quiet (one
@@ -291,6 +291,6 @@ def verdict(
             name,
             busy,
         )
-    entry = {"on": on, "why": why, "n_batch": n_batch, "batch_why": batch_why, "model": name}
-    repack.remember(cache_file, _key(path), {**entry, "busy": busy}, path)
+    entry = {"on": on, "why": why, "n_batch": n_batch, "batch_why": batch_why, "busy": busy}
+    repack.remember(cache_file, _key(path), {**entry, "model": name}, path)
     return FlashVerdict(on, "measured", why, n_batch, batch_why, busy)
