@@ -37,7 +37,8 @@ from homespec.bench_remote import WARM_UP, Remote, run_remote, warm_up
 from homespec.bench_standing import standings
 from homespec.engine.calibration import calibrate
 from homespec.engine.chat_text import chat_tokens
-from homespec.engine.generate import PairRuntime, complete
+from homespec.engine.generate import complete
+from homespec.engine.runtime import PairRuntime
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.errors import ConfigError
 from homespec.manifest import NGRAM, NO_DRAFT, Manifest

@@ -62,10 +62,11 @@ from homespec.engine import generate as loop
 from homespec.engine.calibration import agreement
 from homespec.engine.drafters import Proposal
 from homespec.engine.estimates import CostCurve
-from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.generate import generate
 from homespec.engine.governor import Choice, Inputs
 from homespec.engine.llama_backend import LlamaContext
 from homespec.engine.loader import load_pair
+from homespec.engine.runtime import PairRuntime
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import load_manifest
 from homespec.workload import WorkItem, load_workload

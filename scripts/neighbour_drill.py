@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import llama_cpp  # noqa: F401  (llama.cpp before numpy: see homespec/cli_common.py)
 
 from homespec.engine.calibration import calibrate
-from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.generate import generate
 from homespec.engine.loader import load_pair
+from homespec.engine.runtime import PairRuntime
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import load_manifest
 

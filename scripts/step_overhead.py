@@ -31,8 +31,9 @@ import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before 
 
 # isort: split
 from homespec.engine.calibration import calibrate
-from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.generate import generate
 from homespec.engine.loader import load_pair
+from homespec.engine.runtime import PairRuntime
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import load_manifest
 

@@ -23,9 +23,9 @@ from homespec.engine.calibration import calibrate
 from homespec.engine.child import describe, main
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
-from homespec.engine.generate import PairRuntime
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.protocol import EngineInfo, Load
+from homespec.engine.runtime import PairRuntime
 from homespec.manifest import MAX_DRAFT_TOKENS, NGRAM, NO_DRAFT
 from homespec.plan_types import Arrangement, PairPlan
 from homespec.resources import Machine

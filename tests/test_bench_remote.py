@@ -17,7 +17,7 @@ from homespec.bench import Run, render_table, run_bench, summarize, warm_up_mode
 from homespec.bench_remote import Remote, parse_against, run_remote
 from homespec.bench_standing import standings
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
-from homespec.engine.generate import PairRuntime
+from homespec.engine.runtime import PairRuntime
 from homespec.engine.types import GenerationStats, Message
 from homespec.errors import ConfigError, RequestError
 from homespec.manifest import PairSpec

@@ -21,7 +21,6 @@ from homespec.engine.calibration import (
 )
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.estimates import VERIFY_SIZES
-from homespec.engine.generate import PairRuntime
 from homespec.engine.protocol import (
     AttachDraft,
     DraftAttached,
@@ -30,6 +29,7 @@ from homespec.engine.protocol import (
     Remeasured,
     Steps,
 )
+from homespec.engine.runtime import PairRuntime
 from homespec.engine.types import GenerationRequest, Message
 from homespec.manifest import PairSpec
 from tests.daemon_process import fake_engine

@@ -14,9 +14,10 @@ from scipy.stats import chi2
 
 from homespec.engine.drafters import NgramDrafter, Proposal
 from homespec.engine.estimates import CostCurve
-from homespec.engine.generate import PairRuntime, generate
+from homespec.engine.generate import generate
 from homespec.engine.ledger import Ledger
 from homespec.engine.loader import LoadedPair
+from homespec.engine.runtime import PairRuntime
 from homespec.engine.sampling import Draws, SamplingParams, distribution, log_weights
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message
 from homespec.errors import RequestError

@@ -17,7 +17,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from homespec.cli import cli
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
-from homespec.engine.generate import PairRuntime
 from homespec.engine.prompt_cache import (
     MIN_GAIN,
     MIN_READ,
@@ -28,6 +27,7 @@ from homespec.engine.prompt_cache import (
     cache_report,
     plan,
 )
+from homespec.engine.runtime import PairRuntime
 from homespec.engine.types import GenerationRequest, GenerationStats, Message
 from homespec.manifest import PairSpec
 from homespec.sizes import GiB

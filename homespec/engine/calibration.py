@@ -18,7 +18,8 @@ import numpy as np
 
 from homespec.engine.chat_text import chat_tokens
 from homespec.engine.estimates import DRAFT_SIZES, VERIFY_SIZES, CostCurve
-from homespec.engine.generate import PairRuntime, complete
+from homespec.engine.generate import complete
+from homespec.engine.runtime import PairRuntime
 from homespec.engine.target import Target
 from homespec.engine.types import GenerationRequest, Message
 from homespec.errors import HomespecError, RequestError

@@ -39,7 +39,7 @@ from homespec import heap
 from homespec.engine.calibration import calibrate
 from homespec.engine.crashsite import CrashSite
 from homespec.engine.estimates import DRAFT_SIZES, VERIFY_SIZES, sampled
-from homespec.engine.generate import PairRuntime, generate_steps
+from homespec.engine.generate import generate_steps
 from homespec.engine.governor import OPTION_NAMES
 from homespec.engine.learned import restore as restore_learned
 from homespec.engine.learned import save as save_learned
@@ -74,6 +74,7 @@ from homespec.engine.protocol import (
     Steps,
     Stop,
 )
+from homespec.engine.runtime import PairRuntime
 from homespec.engine.types import Chunk, GenerationStats
 from homespec.errors import HomespecError
 from homespec.plan_types import PairPlan

@@ -17,10 +17,10 @@ import logging
 import secrets
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from homespec.engine.chat_text import PROMPT_FORMATS, prompt_tokens
-from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, Proposal
+from homespec.engine.chat_text import PROMPT_FORMATS
+from homespec.engine.drafters import Drafter, NgramDrafter, Proposal
 from homespec.engine.estimates import MAX_K, table_key
 from homespec.engine.governor import (
     OPTION_NAMES,
@@ -34,72 +34,17 @@ from homespec.engine.governor import (
     standing,
 )
 from homespec.engine.ledger import Ledger
-from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.policy import decide, effective_temperature, step_tokens
-from homespec.engine.prompt_cache import PromptCache
+from homespec.engine.runtime import PairRuntime
 from homespec.engine.sampling import Draws, SamplingParams, pick, verify
-from homespec.engine.target import Target
 from homespec.engine.textstream import TextStream
 from homespec.engine.types import Chunk, Decision, GenerationRequest, GenerationStats
 from homespec.manifest import PairSpec
-from homespec.sizes import MiB
 
 LOG = logging.getLogger("homespec.engine")
 # A prediction is read up to this many times the answer's room (an answer may skip parts of
 # it), and never beyond MAX_PREDICTION tokens (see _predict)
 PREDICTION_ROOM, MAX_PREDICTION = 2, 32768
-
-
-@dataclass
-class PairRuntime:
-    """What the loop runs on: the target's context and whatever drafters the pair has."""
-
-    name: str
-    spec: PairSpec
-    target: Target
-    draft: ModelDrafter | None
-    ngram: NgramDrafter
-    draft_unavailable_reason: str = ""
-    plain_only_reason: str = ""  # the target cannot speculate at all (e.g. recurrent state)
-    draft_failed: bool = False  # the draft model failed to load: the pair runs degraded
-    ledger: Ledger = field(default_factory=Ledger)  # what the governor has measured
-    threads: ThreadAdapter | None = None  # adapts llama.cpp's CPU threads to the neighbours
-    # Conversations put aside in RAM, the target's and the draft model's (prompt_cache.py),
-    # within the pair's prompt_cache_mb each
-    target_snapshots: PromptCache = field(init=False)
-    draft_snapshots: PromptCache = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.target_snapshots = PromptCache(self.spec.prompt_cache_mb * MiB)
-        self.draft_snapshots = PromptCache(self.spec.prompt_cache_mb * MiB)
-
-    def clear_caches(self) -> None:
-        """Drop cached prompt prefixes, those put aside included (the bench starts each run
-        from another chat with this)."""
-        self.target.clear()
-        self.target_snapshots.clear()
-        self.draft_snapshots.clear()
-        if self.draft is not None:
-            self.draft.ctx.clear()
-
-    def recall(self, history: list[int]) -> int:
-        """Before a request on `history`: each context's conversation put aside if it is about
-        to be overwritten, and the one sharing most of `history` brought back. The target's
-        tokens of `history` held now (its prompt tokens that need no evaluation)."""
-        if self.draft is not None:  # priced as the target's copies and reads are
-            self.draft_snapshots.recall(self.draft.ctx, history, self.target_snapshots.dear)
-        return self.target_snapshots.recall(self.target, history).reused
-
-    def prompt(self, req: GenerationRequest) -> tuple[list[int], str]:
-        """The request's prompt tokens and how it was rendered (chat_text.prompt_tokens)."""
-        allow = self.spec.allow_special_tokens
-        return prompt_tokens(self.target, req, pair=self.name, allow_special=allow)
-
-    def drafter(self, kind: str) -> Drafter:
-        if kind == "ngram":
-            return self.ngram
-        assert self.draft is not None  # decide() only picks model drafters when one is loaded
-        return self.draft if kind == "model" else HybridDrafter(self.draft, self.ngram)
 
 
 def sampling_params(pair: PairSpec, req: GenerationRequest) -> SamplingParams:

@@ -21,7 +21,6 @@ from homespec import heap
 from homespec.engine import flash, pages, repack
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
-from homespec.engine.generate import PairRuntime
 from homespec.engine.llama_backend import (
     LlamaContext,
     LlamaModel,
@@ -30,6 +29,7 @@ from homespec.engine.llama_backend import (
     system_info,
 )
 from homespec.engine.neighbours import ThreadAdapter, physical_cores
+from homespec.engine.runtime import PairRuntime
 from homespec.errors import OutOfMemoryError
 from homespec.manifest import Manifest, PairSpec
 from homespec.pairs import PairFiles, inspect_pair, plan
