@@ -7,14 +7,21 @@ import json
 
 import pytest
 
-from homespec.engine.estimates import MAX_K, PRIOR, Acceptance, CostCurve, expected_by_length
+from homespec.engine import learned
+from homespec.engine.estimates import (
+    MAX_K,
+    MAX_TASKS,
+    PRIOR,
+    Acceptance,
+    CostCurve,
+    expected_by_length,
+)
 from homespec.engine.governor import STRETCH, Choice, choose
 from homespec.engine.ledger import (
     AGREEMENT_MAX,
     AGREEMENT_MIN,
     AGREEMENT_WEIGHT,
     HORIZON_UNKNOWN,
-    MAX_TASKS,
     Ledger,
 )
 from homespec.engine.lengths import MAX_TASKS as LENGTH_TASKS
@@ -30,9 +37,9 @@ def test_learned_acceptance_survives_a_round_trip_through_json() -> None:
     for _ in range(30):
         before.acceptance("code", 20)["ngram"].record(8, 8)
         before.acceptance(None)["model"].record(4, 1)
-    state = json.loads(json.dumps(before.acceptance_state()))
+    state = json.loads(json.dumps(learned.state(before)))
     after = Ledger()
-    assert after.restore_acceptance(state) == 2
+    assert learned.restore_state(after, state) == 2
     for task, match in (("code", 20), (None, 0)):
         for option in ("ngram", "model"):
             a, b = before.acceptance(task, match)[option], after.acceptance(task, match)[option]
@@ -46,9 +53,9 @@ def test_how_long_each_tasks_answers_run_survives_a_restart() -> None:
     before.observe_answer(None, 12, room=64, cut=False)
     before.observe_answer(None, 64, room=64, cut=True)
     before.acceptance("json")["model"].record(4, 4)
-    state = json.loads(json.dumps(before.acceptance_state()))
+    state = json.loads(json.dumps(learned.state(before)))
     after = Ledger()
-    after.restore_acceptance(state)
+    learned.restore_state(after, state)
     assert after.lengths.answers == before.lengths.answers
     assert after.lengths.answers[None] == [Answer(12, 64, False), Answer(64, 64, True)]
     # so a restarted pair expects the long task's next answer to run long from its start
@@ -56,16 +63,16 @@ def test_how_long_each_tasks_answers_run_survives_a_restart() -> None:
     # a file from before lengths were kept restores its acceptance and nothing else
     old = {k: v for k, v in state.items() if k != "lengths"}
     older = Ledger()
-    assert older.restore_acceptance(old) == 1 and older.lengths.answers == {}
+    assert learned.restore_state(older, old) == 1 and older.lengths.answers == {}
     # one from when a typical length was kept: that length, its room not known
     oldest = Ledger()
-    assert oldest.restore_acceptance({**old, "answers": {"json": 181.0}}) == 1
+    assert learned.restore_state(oldest, {**old, "answers": {"json": 181.0}}) == 1
     assert oldest.lengths.answers == {"json": [Answer(181, 0, False)]}
     assert oldest.horizon("json", generated=8, room=400) == 181 - 8
 
 
 def test_damaged_answer_lengths_are_skipped_and_this_processs_own_win() -> None:
-    state = Ledger().acceptance_state()
+    state = learned.state(Ledger())
     ledger = Ledger()
     ledger.observe_answer("kept", 40, room=64, cut=False)
     bad = {
@@ -82,30 +89,31 @@ def test_damaged_answer_lengths_are_skipped_and_this_processs_own_win() -> None:
         "none": "7",
     }
     good = {"ok": [[77, 100, False], "junk", [20, 20, True]]}
-    ledger.restore_acceptance({**state, "lengths": {**bad, **good}, "answers": {"old": "x"}})
+    learned.restore_state(ledger, {**state, "lengths": {**bad, **good}, "answers": {"old": "x"}})
     assert ledger.lengths.answers == {
         "kept": [Answer(40, 64, False)],
         "ok": [Answer(77, 100, False), Answer(20, 20, True)],
     }
-    ledger.restore_acceptance({**state, "lengths": ["not", "a", "table"], "answers": 7})
+    learned.restore_state(ledger, {**state, "lengths": ["not", "a", "table"], "answers": 7})
     assert set(ledger.lengths.answers) == {"kept", "ok"}
 
 
 def test_a_damaged_or_foreign_state_is_never_trusted() -> None:
     good = Ledger()
     good.acceptance("code")["model"].record(4, 4)
-    state = good.acceptance_state()
-    assert Ledger().restore_acceptance({**state, "version": 99}) == 0
-    assert Ledger().restore_acceptance(["not", "a", "state"]) == 0
+    state = learned.state(good)
+    assert learned.restore_state(Ledger(), {**state, "version": 99}) == 0
+    assert learned.restore_state(Ledger(), ["not", "a", "state"]) == 0
     bad = {"version": state["version"], "tasks": {"code": {"model": {"tries": "x"}}}}
-    assert Ledger().restore_acceptance(bad) == 0
+    assert learned.restore_state(Ledger(), bad) == 0
     # kept above tried, negative counts, a prior above 1: clamped, not believed
     raw = state["tasks"]["code"]["model"]
     odd = {"tries": [1.0] * len(raw["tries"]), "kept": [5.0] * len(raw["kept"]), "prior": 7}
     ledger = Ledger()
     assert (
-        ledger.restore_acceptance(
-            {"version": state["version"], "tasks": {"code": {"model": odd, "ngram@999": odd}}}
+        learned.restore_state(
+            ledger,
+            {"version": state["version"], "tasks": {"code": {"model": odd, "ngram@999": odd}}},
         )
         == 1
     )
@@ -114,7 +122,7 @@ def test_a_damaged_or_foreign_state_is_never_trusted() -> None:
     # what this process already learned wins over the file
     live = Ledger()
     live.acceptance("code")["model"].record(4, 0)
-    assert live.restore_acceptance(state) == 0
+    assert learned.restore_state(live, state) == 0
 
 
 def test_the_task_table_is_bounded_and_forgets_the_least_recently_used() -> None:
@@ -175,7 +183,7 @@ def test_a_measured_agreement_weighs_as_much_in_the_table_where_the_draft_was_re
     assert shared.rate(0, shared.prior) < 0.5  # steady failures still win
 
     restarted = Ledger()
-    restarted.restore_acceptance(ledger.acceptance_state())
+    learned.restore_state(restarted, learned.state(ledger))
     restarted.agreement = 0.95  # calibration runs after the restore
     assert restarted.acceptance(None)["model"].prior_weight == AGREEMENT_WEIGHT
 
@@ -333,7 +341,7 @@ def test_contested_matches_are_priced_and_learned_apart() -> None:
     at = ledger.inputs("chat", has_model=False, match=4, max_k=8, match_len=2, contested=True)
     assert at.acceptance["ngram"] is contested
     again = Ledger()
-    assert again.restore_acceptance(json.loads(json.dumps(ledger.acceptance_state()))) == 1
+    assert learned.restore_state(again, json.loads(json.dumps(learned.state(ledger)))) == 1
     assert again.by_task["chat"]["contested@2"].tries == contested.tries
 
 

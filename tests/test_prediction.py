@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from homespec.cli import cli
 from homespec.daemon.openai_api import ChatCompletionRequest, CompletionRequest
 from homespec.daemon.openai_responses import usage
+from homespec.engine import learned
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.generate import PairRuntime
 from homespec.engine.ledger import Ledger
@@ -202,7 +203,7 @@ def test_the_prediction_has_tables_of_its_own_that_survive_a_restart() -> None:
     assert ledger.acceptance("edit", 8, predicted=True)["ngram"].kept[5] > 0
     assert ledger.acceptance("edit", 8)["ngram"].kept[0] == 0
     again = Ledger()
-    assert again.restore_acceptance(ledger.acceptance_state()) == 1
+    assert learned.restore_state(again, learned.state(ledger)) == 1
     assert again.by_task["edit"]["predicted@8"].kept == ledger.by_task["edit"]["predicted@8"].kept
 
 

@@ -13,10 +13,20 @@ import os
 from pathlib import Path
 from typing import Any
 
+from homespec.engine.estimates import MATCH_BUCKETS, MAX_K, MAX_TASKS, Acceptance, table_key
 from homespec.engine.ledger import Ledger
 from homespec.manifest import Manifest
 
 LOG = logging.getLogger("homespec.engine")
+STATE_VERSION = 1  # of state()
+KNOWN_KEYS = {  # Ledger.by_task's keys, all a file may hold
+    "model",
+    *(
+        table_key(b, *kind)
+        for kind in ((False, False), (True, False), (False, True))
+        for b in MATCH_BUCKETS
+    ),
+}
 
 
 def file_name(manifest: Manifest, pair: str) -> str:
@@ -36,7 +46,7 @@ def restore(ledger: Ledger, path: Path) -> int:
     except (OSError, ValueError) as exc:
         LOG.warning("governor: cannot use %s (%s); starting from priors", path, exc)
         return 0
-    n = ledger.restore_acceptance(state)
+    n = restore_state(ledger, state)
     if n:
         LOG.info("governor: acceptance for %d task(s) restored from %s", n, path)
     return n
@@ -46,8 +56,56 @@ def save(ledger: Ledger, path: Path) -> None:
     """Write atomically; a failure is logged, never raised (serving matters more)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(ledger.acceptance_state()), encoding="utf-8")
+        tmp.write_text(json.dumps(state(ledger)), encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
         LOG.warning("governor: cannot save %s (%s)", path, exc)
         tmp.unlink(missing_ok=True)
+
+
+def state(ledger: Ledger) -> dict[str, Any]:
+    """What was learned about acceptance, and how long each task's recent answers ran,
+    as JSON-able data (kept across restarts; costs are not: they are measured again at
+    every load). Without the lengths, every task was a task never seen after a restart:
+    its first answer was expected at the other tasks' length, and a draft model that pays
+    on its long answers was not caught up on the prompt until one had ended."""
+    return {
+        "version": STATE_VERSION,
+        "tasks": {
+            "" if task is None else task: {
+                key: {"tries": acc.tries, "kept": acc.kept, "prior": acc.prior}
+                for key, acc in table.items()
+            }
+            for task, table in ledger.by_task.items()
+        },
+        "lengths": ledger.lengths.state(),
+    }
+
+
+def restore_state(ledger: Ledger, state: Any) -> int:
+    """Take back into `ledger` what `state` gave (tasks already learned in this process win);
+    the number of tasks restored. Anything malformed is skipped, never trusted."""
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        return 0
+    tasks = state.get("tasks")
+    restored = 0
+    for name, table in (tasks if isinstance(tasks, dict) else {}).items():
+        task = name or None
+        if task in ledger.by_task or not isinstance(table, dict):
+            continue
+        accs = {}
+        for key, raw in table.items():
+            try:
+                tries = [max(0.0, float(x)) for x in raw["tries"]][:MAX_K]
+                kept = [max(0.0, float(x)) for x in raw["kept"]][:MAX_K]
+                prior = min(1.0, max(0.0, float(raw["prior"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if len(tries) == len(kept) == MAX_K and key in KNOWN_KEYS:
+                kept = [min(k, t) for k, t in zip(kept, tries, strict=True)]
+                accs[key] = Acceptance(tries, kept, prior)
+        if accs and len(ledger.by_task) < MAX_TASKS:
+            ledger.by_task[task] = accs
+            restored += 1
+    ledger.lengths.restore(state.get("lengths"), state.get("answers"))
+    return restored

@@ -7,12 +7,9 @@ reads from the clock; `Ledger.inputs()` hands one step's view to `governor.choos
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from homespec.engine.estimates import (
-    MATCH_BUCKETS,
     MAX_K,
-    MAX_TASKS,
     PRIOR,
     PRIOR_WEIGHT,
     Acceptance,
@@ -26,7 +23,6 @@ from homespec.engine.governor import RELAG, Inputs, Option, catch_up_cost
 from homespec.engine.lengths import Lengths
 
 DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a target token
-STATE_VERSION = 1  # of Ledger.acceptance_state()
 HORIZON_UNKNOWN = 64  # answer tokens expected of a task never seen, on a pair that saw none
 SEED_WEIGHT = 4.0  # observations at position 2 that a new task's seed weighs (Ledger._new)
 UPKEEP_FADE = 0.8  # see observe_upkeep
@@ -49,14 +45,6 @@ AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, w
 # at 0.63 on every task after it, below plain: it was never tried on them (fixed-cost replay,
 # tasks named, a greeting before each prompt: 1.28x plain on unseen-1 where 1.38x without it).
 AGREEMENT_WEIGHT = 16.0
-KNOWN_KEYS = {  # Ledger.by_task's keys
-    "model",
-    *(
-        table_key(b, *kind)
-        for kind in ((False, False), (True, False), (False, True))
-        for b in MATCH_BUCKETS
-    ),
-}
 
 
 @dataclass
@@ -326,52 +314,6 @@ class Ledger:
         plain = verify.at(1)
         cost = catch_up_cost(lag, verify, self._draft_ms(curve), curve)
         return plain is not None and cost > DEAR_CATCH_UP * plain
-
-    def acceptance_state(self) -> dict[str, Any]:
-        """What was learned about acceptance, and how long each task's recent answers ran,
-        as JSON-able data (kept across restarts; costs are not: they are measured again at
-        every load). Without the lengths, every task was a task never seen after a restart:
-        its first answer was expected at the other tasks' length, and a draft model that pays
-        on its long answers was not caught up on the prompt until one had ended."""
-        return {
-            "version": STATE_VERSION,
-            "tasks": {
-                "" if task is None else task: {
-                    key: {"tries": acc.tries, "kept": acc.kept, "prior": acc.prior}
-                    for key, acc in table.items()
-                }
-                for task, table in self.by_task.items()
-            },
-            "lengths": self.lengths.state(),
-        }
-
-    def restore_acceptance(self, state: Any) -> int:
-        """Take back what `acceptance_state` gave (tasks already learned in this process win);
-        the number of tasks restored. Anything malformed is skipped, never trusted."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            return 0
-        tasks = state.get("tasks")
-        restored = 0
-        for name, table in (tasks if isinstance(tasks, dict) else {}).items():
-            task = name or None
-            if task in self.by_task or not isinstance(table, dict):
-                continue
-            accs = {}
-            for key, raw in table.items():
-                try:
-                    tries = [max(0.0, float(x)) for x in raw["tries"]][:MAX_K]
-                    kept = [max(0.0, float(x)) for x in raw["kept"]][:MAX_K]
-                    prior = min(1.0, max(0.0, float(raw["prior"])))
-                except (KeyError, TypeError, ValueError):
-                    continue
-                if len(tries) == len(kept) == MAX_K and key in KNOWN_KEYS:
-                    kept = [min(k, t) for k, t in zip(kept, tries, strict=True)]
-                    accs[key] = Acceptance(tries, kept, prior)
-            if accs and len(self.by_task) < MAX_TASKS:
-                self.by_task[task] = accs
-                restored += 1
-        self.lengths.restore(state.get("lengths"), state.get("answers"))
-        return restored
 
     @property
     def draft_ms(self) -> float | None:

@@ -19,7 +19,7 @@ room is the same and a share is a length. An answer that ran out of room is read
 out of this one's: it would have run longer.
 
 Pure: no clock, no llama.cpp. Kept across restarts with the acceptance tables
-(engine/learned.py, through Ledger.acceptance_state).
+(engine/learned.py, through learned.state).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class Lengths:
         return [a for rows in reversed(recent) for a in rows]
 
     def state(self) -> dict[str, Any]:
-        """As JSON-able data (Ledger.acceptance_state)."""
+        """As JSON-able data (learned.state)."""
         return {
             "" if task is None else task: [[a.tokens, a.room, a.cut] for a in answers]
             for task, answers in self.answers.items()
