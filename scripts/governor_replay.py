@@ -25,6 +25,11 @@ tokens in it; `homespec doctor --measure` prints this machine's; "step", optiona
 costs beyond its decodes, by STEPS' kinds: scripts/step_overhead.py measures it). Speed claims
 still come from `homespec bench`; this says whether a decision change helps at given costs.
 
+`--costs live` gives the governor this machine's costs as the engine does (calibrated at load,
+kept current from real steps) and times every request by the clock: with `--trace`, each step's
+real ms per committed token beside what the governor expected of it, to check its cost model
+against the machine (the figures are this run's, not reproducible ones).
+
 `--oracle-horizon` tells the governor how long each answer will run (its plain answer's
 length) from its first token: the ceiling of predicting answer lengths. What `auto` trails the
 best forced mode by with it is the pricing's; what it gains over `auto` without it is what a
@@ -40,10 +45,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before numpy's)
 
@@ -59,11 +65,11 @@ from homespec.bench import (
     summarize,
 )
 from homespec.engine import generate as loop
-from homespec.engine.calibration import agreement
+from homespec.engine.calibration import agreement, calibrate
 from homespec.engine.drafters import Proposal
 from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import generate
-from homespec.engine.governor import Choice, Inputs
+from homespec.engine.governor import Choice, Inputs, plain_ms
 from homespec.engine.llama_backend import LlamaContext
 from homespec.engine.loader import load_pair
 from homespec.engine.runtime import PairRuntime
@@ -105,6 +111,27 @@ STEPS: dict[str, dict[str, float]] = {
     "h100": {"plain": 0.15, "drafting": 1.0, "lookup": 0.06, "glance": 0.03, "choice": 0.22}
 }
 STEP_KINDS = ("plain", "drafting", "lookup", "glance", "choice")
+LIVE = "live"  # --costs: this machine's, measured, and the clock's time
+
+
+class Clock(Protocol):
+    """ms since the request began, at clock[0] (setting it to 0 starts a request)."""
+
+    def __getitem__(self, index: int, /) -> float: ...
+    def __setitem__(self, index: int, value: float, /) -> None: ...
+
+
+class WallClock:
+    """`Clock` read from the machine's clock, for `--costs live`: clock[0] = 0.0 restarts it."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __getitem__(self, index: int, /) -> float:
+        return (time.perf_counter() - self.start) * 1000.0
+
+    def __setitem__(self, index: int, value: float, /) -> None:
+        self.start = time.perf_counter() - value / 1000.0
 
 
 def cost_table(spec: str) -> dict[str, dict[int, float]]:
@@ -123,7 +150,7 @@ def step_table(spec: str) -> dict[str, float]:
     return {kind: float(raw.get(kind, 0.0)) for kind in STEP_KINDS}
 
 
-def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: list[float]) -> None:
+def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: Clock) -> None:
     """Price each step's own work at `steps` (step_table) on clock[0], and give the governor
     the same figures as its measured overhead (never this machine's: its Python is not the
     table's)."""
@@ -186,7 +213,7 @@ def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: list[float]) -> N
     vars(loop).update(choose=asked, verify=priced)
 
 
-def pin_costs(rt: PairRuntime, table: dict[str, dict[int, float]], clock: list[float]) -> None:
+def pin_costs(rt: PairRuntime, table: dict[str, dict[int, float]], clock: Clock) -> None:
     """Give the governor `table` and nothing else, and add each decode's price to clock[0]
     (by the same curves: they never change)."""
     verify, draft = CostCurve(dict(table["verify"])), CostCurve(dict(table["draft"]))
@@ -229,11 +256,19 @@ class Tracer:
     model is behind; match: n-gram proposal length/match length; horizon: answer tokens still
     expected), what it chose, and how many drafts were kept."""
 
-    def __init__(self, rt: PairRuntime, clock: list[float]) -> None:
-        self.rt, self.clock, self.last = rt, clock, 0.0
+    def __init__(self, rt: PairRuntime, clock: Clock, live: bool = False) -> None:
+        self.rt, self.clock, self.last, self.live = rt, clock, 0.0, live
         self.lines: list[str] = []
         self.on = False
         self._seen: tuple[Inputs, Choice] | None = None
+        self.verify_ms = 0.0  # the last target decode's, by the clock (live)
+        observe = rt.ledger.observe_verify
+
+        def spy_observe(n: int, ms: float) -> None:
+            self.verify_ms = ms
+            observe(n, ms)
+
+        rt.ledger.observe_verify = spy_observe  # type: ignore[method-assign]
         # what the loop calls, as pin_steps left them
         choose: Callable[[Inputs], Choice] = vars(loop)["choose"]
         verify: Callable[..., tuple[int, int]] = vars(loop)["verify"]
@@ -261,8 +296,16 @@ class Tracer:
         inp, c = seen
         acc = inp.acceptance["ngram"]
         rates = " ".join(f"{acc.rate(i, acc.prior):.2f}" for i in range(4))
+        # ms per committed token: the governor's estimate (plain's cost over its speedup; a
+        # catch-up spread over the horizon is in it) and this step's; and the verify's price
+        plain = plain_ms(inp)
+        est = f"{plain / c.speedup:5.1f}" if plain and c.speedup else "    ?"
+        verify = f"verify est {inp.verify.at(proposed + 1) or 0.0:4.0f}"
+        if self.live:  # and what it took, at this depth of the context
+            verify += f" got {self.verify_ms:4.0f} at {len(self.rt.target.tokens):4d}"
         self.lines.append(
             f"{head} {c.option:5s} k={c.k:<2d} kept {kept}/{proposed}"
+            f" ms/tok est {est} got {ms / (kept + 1):5.1f} {verify}"
             f"  lag {inp.model_lag:3d} match {inp.ngram_match:2d}/{self.rt.ngram.match_len:<2d}"
             f" [{rates}] hor {inp.horizon:3d} upk {inp.upkeep:4.1f} | {c.reason[:90]}"
         )
@@ -285,7 +328,7 @@ def oracle_horizon(rt: PairRuntime, length: list[int]) -> None:
     rt.ledger.horizon = known  # type: ignore[method-assign]
 
 
-def run_priced(rt: PairRuntime, req: GenerationRequest, clock: list[float]) -> Run:
+def run_priced(rt: PairRuntime, req: GenerationRequest, clock: Clock) -> Run:
     """One request as the bench runs it (bench._run_one), its e2e and ttft the priced time."""
     _another_chat(rt)
     clock[0] = 0.0
@@ -309,7 +352,9 @@ def main() -> None:
     ap.add_argument("--workload", type=Path, default=SHIPPED)
     ap.add_argument("--task", help="comma-separated tasks (default: all)")
     ap.add_argument("--modes", default="plain,ngram,model,auto")
-    ap.add_argument("--costs", default="cpu", help="cpu, gpu, h100 or a JSON file (see above)")
+    ap.add_argument(
+        "--costs", default="cpu", help="cpu, gpu, h100, live or a JSON file (see above)"
+    )
     ap.add_argument("--pair")
     ap.add_argument("--why", action="store_true", help="print each auto answer's reason")
     ap.add_argument("--trace", action="store_true", help="print every step of each auto answer")
@@ -338,15 +383,19 @@ def main() -> None:
     modes = args.modes.split(",")
     if args.oracle_horizon and modes[0] != PLAIN:
         ap.error("--oracle-horizon needs plain first in --modes (it learns each answer's length)")
-    clock = [0.0]
+    live = args.costs == LIVE
+    clock: Clock = WallClock() if live else [0.0]
     runs: list[Run] = []
     tracer: Tracer | None = None
     with load_pair(load_manifest(None), args.pair) as loaded:
         rt = loaded.runtime
-        rt.ledger.agreement = agreement(rt)  # before pin_costs: its decodes are not priced
-        pin_costs(rt, cost_table(args.costs), clock)
-        pin_steps(rt, step_table(args.costs), clock)
-        tracer = Tracer(rt, clock) if args.trace else None
+        if live:
+            calibrate(rt)  # as the engine does at load; its agreement included
+        else:
+            rt.ledger.agreement = agreement(rt)  # before pin_costs: its decodes are not priced
+            pin_costs(rt, cost_table(args.costs), clock)
+            pin_steps(rt, step_table(args.costs), clock)
+        tracer = Tracer(rt, clock, live) if args.trace else None
         length = [0]  # this prompt's answer length, for --oracle-horizon
         if args.oracle_horizon:
             oracle_horizon(rt, length)
