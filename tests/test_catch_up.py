@@ -343,6 +343,32 @@ def test_a_catch_up_is_spread_over_the_part_of_the_answer_the_draft_model_serves
     assert pick(0.9, lag=2).speedup == pytest.approx(pick(0.0, lag=2).speedup)
 
 
+def test_a_later_catch_up_is_spread_over_the_draft_models_runs_in_the_answer() -> None:
+    """Where lookup takes over again after every step or two of the draft model (a dialogue
+    whose speakers' lines repeat), a later catch-up buys one such run, not the rest of the
+    answer: spread over the horizon, the demo draft caught up on the 28 tokens lookup had
+    committed, every 30 or so, for one 11-token step at a time, and the answer ran 0.93x forced
+    n-gram lookup. Unless plain steps have run longer than its runs since lookup last matched.
+    The demo curves, 28 tokens behind, 90 expected, no n-gram match this step."""
+    acc = {"ngram": Acceptance(), "model": seen(0.97)}
+    inp = Inputs(DEMO_TARGET, 7.1, 0.01, acc, 0, 8, 1, "none", 28, {}, DEMO_DRAFT, 90)
+
+    def pick(run: float, streak: int = 0, lag: int = 28) -> Choice:
+        return choose(replace(inp, model_lag=lag, model_run=run, plain_streak=streak))
+
+    assert pick(0.0).option == "model"  # no later catch-up yet in this answer: as before
+    assert pick(80.0).option == "model"  # long runs: about the horizon
+    short = pick(11.0)
+    assert short.option == "none", short  # one 11-token run per catch-up does not pay
+    assert "(catch-up spread over its runs in this answer, 11 tokens)" in short.reason
+    assert "its runs" not in pick(0.0).reason
+    # Plain steps have run longer than its runs: lookup is not coming back soon.
+    assert pick(11.0, streak=60).option == "model"
+    assert pick(11.0, streak=40).rival > pick(11.0, streak=20).rival > short.rival
+    # Caught up (a step's own lag), there is no catch-up to spread.
+    assert pick(11.0, lag=2).speedup == pytest.approx(pick(0.0, lag=2).speedup)
+
+
 @given(
     st.lists(st.integers(0, 3), max_size=200),
     st.lists(st.integers(0, 3), max_size=60),

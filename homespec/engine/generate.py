@@ -24,6 +24,7 @@ from homespec.engine.drafters import Drafter, NgramDrafter, Proposal
 from homespec.engine.estimates import MAX_K, table_key
 from homespec.engine.governor import (
     OPTION_NAMES,
+    RELAG,
     Choice,
     Option,
     choose,
@@ -86,6 +87,7 @@ def _governed(
     room: int = 0,
     window: int = MAX_K,
     last: Choice | None = None,
+    runs: tuple[float, int] = (0.0, 0),
 ) -> tuple[str, Proposal, Choice, int, list[int] | None]:
     """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
     up first: a match is known before the step), the draft model (when `use_model`), or none.
@@ -95,7 +97,8 @@ def _governed(
     values: how far behind the history the draft model was (0 unless it drafted), and what
     lookup had to propose (whichever ran: see Ledger.learn_unused_match; None where a
     standing choice only glanced: the loop looks up while the target decodes, to learn from).
-    `last`: this answer's last choice, which may stand for this step (governor.settled)."""
+    `last`: this answer's last choice, which may stand for this step (governor.settled).
+    `runs`: the answer's draft-model run per later catch-up and plain streak (Inputs')."""
     ledger = rt.ledger
     since = ledger.steps - ledger.asked_at
     # While the last choice stands, lookup looks only where a glance says a long match can be
@@ -121,6 +124,8 @@ def _governed(
         contested=rt.ngram.contested,
         horizon=horizon,
         ngram_window=window,
+        model_run=runs[0],
+        plain_streak=runs[1],
     )
     choice = choose(inputs)
     choice = replace(choice, lookup=table, stands=stand_for(last, choice, ledger.own_share()))
@@ -312,6 +317,10 @@ def _steps(
     drafted = 0  # answer tokens the draft model's steps committed
     later_ms = 0.0  # what its catch-ups after its first drafting cost (Ledger.observe_upkeep)
     by_lookup = 0  # answer tokens n-gram steps committed (Ledger.observe_lookup_share)
+    # Catch-ups after the draft model's first drafting, the answer tokens its steps committed
+    # since the first of them, and those plain steps committed since a drafter last ran
+    # (governor.Inputs.model_run, plain_streak)
+    later, after_later, streak = 0, 0, 0
     window = MAX_K  # lookup's cap in this answer (governor.next_window)
     governed = decision.drafter == "auto"
     looked: list[int] = []  # what lookup had at a step that only glanced (set while decoding)
@@ -346,10 +355,12 @@ def _steps(
                 room=room,
                 window=window,
                 last=last,
+                runs=(after_later / later if later else 0.0, streak),
             )
             used[source] = used.get(source, 0) + 1
             if source == "model" and used[source] > 1:
                 later_ms += ledger.later_catch_up_ms(lag)
+                later += lag > RELAG
         elif drafter is not None and k > 0:
             source, proposal = drafter.kind, drafter.propose(history, k, params, draws)
             if source in ("model", "hybrid") and rt.draft is not None:
@@ -408,8 +419,10 @@ def _steps(
                 break
         if source == "model":
             drafted += stats.completion_tokens - before
+            after_later += (stats.completion_tokens - before) if later else 0
         elif source == "ngram":
             by_lookup += stats.completion_tokens - before
+        streak = streak + stats.completion_tokens - before if source == "none" else 0
         if governed:  # what the step cost beyond its decodes (governor.step_ms)
             ledger.observe_step(_option(source), (time.perf_counter() - t_step) * 1000.0)
         if emitted:

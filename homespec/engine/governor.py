@@ -178,6 +178,11 @@ class Inputs:
     since_plain_ms: float = 0.0  # ms of decoding since a plain step last measured plain's cost
     # ms a step costs beyond its decodes, by what it ran (Ledger.overhead; see step_ms)
     overhead: dict[Option, float] = field(default_factory=dict)
+    # In this answer: answer tokens the draft model's steps committed per catch-up after its
+    # first drafting (0: none yet), and those plain steps committed since either drafter last
+    # ran. A later catch-up is spread over no more than the larger (best_k).
+    model_run: float = 0.0
+    plain_streak: int = 0
 
 
 def step_ms(inp: Inputs, option: Option) -> float:
@@ -273,6 +278,15 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     # 89-token prompt of a paragraph rewrite, a task whose answers lookup had mostly
     # committed, for an estimated 1.12x plain, and that answer ran 0.77x forced n-gram.)
     spread = inp.horizon * (1.0 - share)
+    if once and inp.model_run:
+        # A later catch-up in an answer where lookup keeps taking over serves the draft model's
+        # run until it does again, not the rest of the answer: spread over the horizon, the
+        # demo draft caught up on the 28 tokens lookup had committed every 30 or so of a
+        # dialogue's, for one step of 11 tokens each time, at 157 ms where a plain step and
+        # lookup again would have taken about 85 (0.93x forced n-gram lookup). Unless plain
+        # steps have run longer than its runs since lookup last matched: then lookup is not
+        # coming back soon.
+        spread = min(spread, max(inp.model_run, float(inp.plain_streak)))
     # Lookup past the answer's window (next_window) only while verifying the draft costs at
     # most CHEAP_VERIFY plain steps: where long drafts are about free (a GPU), a stale
     # estimate costs little and the window would only cost wins.
@@ -473,6 +487,10 @@ def _catch_ups(inp: Inputs, option: Option) -> str:
     if option != "model":
         return ""
     out = f" (later catch-ups {inp.upkeep:.1f} ms/token)" if inp.upkeep >= 0.05 else ""
+    if inp.model_lag > RELAG and inp.horizon and inp.model_run:
+        run = max(inp.model_run, float(inp.plain_streak))
+        if run < inp.horizon * (1 - inp.lookup_share):
+            return out + f" (catch-up spread over its runs in this answer, {run:.0f} tokens)"
     if inp.model_lag > RELAG and inp.horizon and inp.lookup_share >= 0.05:
         out += f" (catch-up spread over the {1 - inp.lookup_share:.0%} of the answer lookup leaves)"
     return out

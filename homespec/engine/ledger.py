@@ -409,9 +409,11 @@ class Ledger:
         contested: bool = False,
         horizon: int = 0,
         ngram_window: int = MAX_K,
+        model_run: float = 0.0,
+        plain_streak: int = 0,
     ) -> Inputs:
         """One step's view for `choose()` (the task's draft-model upkeep and lookup's share
-        of its answers included)."""
+        of its answers included; `model_run` and `plain_streak`: Inputs')."""
         curve = self.draft_curve() if has_model else None
         return Inputs(
             self.verify_curve(),
@@ -433,6 +435,8 @@ class Ledger:
             ngram_window,
             self.since_plain_ms,
             dict(self.overhead),
+            model_run,
+            plain_streak,
         )
 
 
