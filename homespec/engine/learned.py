@@ -40,13 +40,13 @@ def file_name(manifest: Manifest, pair: str) -> str:
 def restore(ledger: Ledger, path: Path) -> int:
     """Tasks restored from `path` (0 when there is no file or it cannot be used: said)."""
     try:
-        state: Any = json.loads(path.read_text(encoding="utf-8"))
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return 0
     except (OSError, ValueError) as exc:
         LOG.warning("governor: cannot use %s (%s); starting from priors", path, exc)
         return 0
-    n = restore_state(ledger, state)
+    n = restore_state(ledger, data)
     if n:
         LOG.info("governor: acceptance for %d task(s) restored from %s", n, path)
     return n
@@ -82,12 +82,12 @@ def state(ledger: Ledger) -> dict[str, Any]:
     }
 
 
-def restore_state(ledger: Ledger, state: Any) -> int:
-    """Take back into `ledger` what `state` gave (tasks already learned in this process win);
-    the number of tasks restored. Anything malformed is skipped, never trusted."""
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+def restore_state(ledger: Ledger, data: Any) -> int:
+    """Take back into `ledger` what `state()` gave (tasks already learned in this process
+    win); the number of tasks restored. Anything malformed is skipped, never trusted."""
+    if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
         return 0
-    tasks = state.get("tasks")
+    tasks = data.get("tasks")
     restored = 0
     for name, table in (tasks if isinstance(tasks, dict) else {}).items():
         task = name or None
@@ -107,5 +107,5 @@ def restore_state(ledger: Ledger, state: Any) -> int:
         if accs and len(ledger.by_task) < MAX_TASKS:
             ledger.by_task[task] = accs
             restored += 1
-    ledger.lengths.restore(state.get("lengths"), state.get("answers"))
+    ledger.lengths.restore(data.get("lengths"), data.get("answers"))
     return restored
