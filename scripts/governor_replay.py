@@ -275,7 +275,9 @@ class Tracer:
 
         def spy_choose(inp: Inputs) -> Choice:
             choice = choose(inp)
-            self._seen = (inp, choice)
+            # the curve as priced (the step's own decode updates the ledger's before its line)
+            curve = CostCurve(dict(inp.verify.points), inp.verify.slope)
+            self._seen = (replace(inp, verify=curve), choice)
             return choice
 
         def spy_verify(drafts: list[int], *args: object, **kw: object) -> tuple[int, int]:
