@@ -69,7 +69,8 @@ from homespec.engine.calibration import agreement, calibrate
 from homespec.engine.drafters import Proposal
 from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import generate
-from homespec.engine.governor import Choice, Inputs, plain_ms
+from homespec.engine.governor import plain_ms
+from homespec.engine.governor_types import Choice, Inputs
 from homespec.engine.llama_backend import LlamaContext
 from homespec.engine.loader import load_pair
 from homespec.engine.runtime import PairRuntime

@@ -4,7 +4,7 @@ tests/test_catch_up.py)."""
 from __future__ import annotations
 
 from homespec.engine.estimates import MAX_K, Acceptance, CostCurve
-from homespec.engine.governor import Inputs, Option
+from homespec.engine.governor_types import Inputs, Option
 
 # The demo pair's curves as measured on a 2-core CPU (ms by tokens in one decode).
 DEMO_TARGET = CostCurve({1: 17.1, 2: 23.1, 4: 28.9, 5: 29.8, 8: 37.9, 16: 53.5, 32: 89.4})

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from homespec.engine.estimates import Acceptance, CostCurve
-from homespec.engine.governor import TRIAL_TRIES, Choice, Inputs, Option, best_k, choose
+from homespec.engine.governor import TRIAL_TRIES, best_k, choose
+from homespec.engine.governor_types import Choice, Inputs, Option
 from homespec.engine.ledger import Ledger
 from homespec.engine.target import shared_prefix
 

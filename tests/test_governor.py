@@ -29,9 +29,6 @@ from homespec.engine.governor import (
     SETTLE_BELOW,
     SETTLE_MAX,
     SETTLE_STEPS,
-    Choice,
-    Inputs,
-    Option,
     choose,
     hand_over,
     next_window,
@@ -40,6 +37,7 @@ from homespec.engine.governor import (
     standing,
     step_ms,
 )
+from homespec.engine.governor_types import Choice, Inputs, Option
 from homespec.engine.ledger import Ledger
 
 from .governor_cases import DEMO_DRAFT, DEMO_TARGET, curve, inputs, seen

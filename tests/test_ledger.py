@@ -16,7 +16,8 @@ from homespec.engine.estimates import (
     CostCurve,
     expected_by_length,
 )
-from homespec.engine.governor import STRETCH, Choice, choose
+from homespec.engine.governor import STRETCH, choose
+from homespec.engine.governor_types import Choice
 from homespec.engine.ledger import (
     AGREEMENT_MAX,
     AGREEMENT_MIN,

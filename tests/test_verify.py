@@ -17,7 +17,8 @@ from homespec.engine import generate as loop
 from homespec.engine.drafters import ModelDrafter, NgramDrafter, Proposal
 from homespec.engine.estimates import CostCurve
 from homespec.engine.generate import generate
-from homespec.engine.governor import SETTLE_MAX, SETTLE_STEPS, Inputs
+from homespec.engine.governor import SETTLE_MAX, SETTLE_STEPS
+from homespec.engine.governor_types import Inputs
 from homespec.engine.runtime import PairRuntime
 from homespec.engine.sampling import Draws, SamplingParams, pick, verify
 from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message

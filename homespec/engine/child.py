@@ -40,7 +40,7 @@ from homespec.engine.calibration import calibrate
 from homespec.engine.crashsite import CrashSite
 from homespec.engine.estimates import DRAFT_SIZES, VERIFY_SIZES, sampled
 from homespec.engine.generate import generate_steps
-from homespec.engine.governor import OPTION_NAMES
+from homespec.engine.governor_types import OPTION_NAMES
 from homespec.engine.learned import restore as restore_learned
 from homespec.engine.learned import save as save_learned
 from homespec.engine.loader import (

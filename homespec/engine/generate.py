@@ -23,10 +23,7 @@ from homespec.engine.chat_text import PROMPT_FORMATS
 from homespec.engine.drafters import Drafter, NgramDrafter, Proposal
 from homespec.engine.estimates import MAX_K, table_key
 from homespec.engine.governor import (
-    OPTION_NAMES,
     RELAG,
-    Choice,
-    Option,
     choose,
     hand_over,
     next_window,
@@ -34,6 +31,7 @@ from homespec.engine.governor import (
     stand_for,
     standing,
 )
+from homespec.engine.governor_types import OPTION_NAMES, Choice, Option
 from homespec.engine.ledger import Ledger
 from homespec.engine.policy import decide, effective_temperature, step_tokens
 from homespec.engine.runtime import PairRuntime

@@ -19,7 +19,8 @@ from homespec.engine.estimates import (
     match_priors,
     table_key,
 )
-from homespec.engine.governor import RELAG, Inputs, Option, catch_up_cost
+from homespec.engine.governor import RELAG, catch_up_cost
+from homespec.engine.governor_types import Inputs, Option
 from homespec.engine.lengths import Lengths
 
 DRAFT_COST_PRIOR = 0.5  # an unmeasured draft-model token, as a share of a target token
