@@ -426,11 +426,12 @@ def _catch_ups(inp: Inputs, option: Option) -> str:
     if option != "model":
         return ""
     out = f" (later catch-ups {inp.upkeep:.1f} ms/token)" if inp.upkeep >= 0.05 else ""
-    if inp.model_lag > RELAG and inp.horizon and inp.model_run:
-        run = max(inp.model_run, float(inp.plain_streak))
-        if run < inp.horizon * (1 - inp.lookup_share):
-            return out + f" (catch-up spread over its runs in this answer, {run:.0f} tokens)"
-    if inp.model_lag > RELAG and inp.horizon and inp.lookup_share >= 0.05:
+    if inp.model_lag <= RELAG or not inp.horizon:
+        return out
+    run = max(inp.model_run, float(inp.plain_streak)) if inp.model_run else None
+    if run is not None and run < inp.horizon * (1 - inp.lookup_share):
+        return out + f" (catch-up spread over its runs in this answer, {run:.0f} tokens)"
+    if inp.lookup_share >= 0.05:
         out += f" (catch-up spread over the {1 - inp.lookup_share:.0%} of the answer lookup leaves)"
     return out
 
