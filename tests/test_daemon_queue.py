@@ -67,9 +67,14 @@ def test_a_prompt_over_the_context_is_a_400_streamed_or_queued_and_never_logged(
 
 def test_burst_over_the_queue_gets_503s_and_the_rest_succeed(daemon: Daemon) -> None:
     results: list[httpx.Response] = []
+    # Six at once, each long enough (200 plain steps of 5 ms) that they overlap whatever the
+    # machine: 48 speculative tokens ran in a few steps on a fast box, so the six were served
+    # one after another and none was refused.
+    together = threading.Barrier(6)
 
     def one() -> None:
-        body = {"messages": user(LONG), "max_tokens": 48}
+        body = {"messages": user(LONG), "max_tokens": 200, "speculative": False}
+        together.wait(30)
         results.append(daemon.post(CHAT, body))
 
     threads = [threading.Thread(target=one) for _ in range(6)]
