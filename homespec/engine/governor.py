@@ -165,6 +165,19 @@ def catch_up_cost(
     return batch * draft_ms / one
 
 
+def later_run(inp: Inputs) -> float | None:
+    """The answer tokens a later catch-up of the draft model serves (None: no later catch-up
+    in this answer yet, so it serves the rest of the horizon).
+
+    A later catch-up in an answer where lookup keeps taking over serves the draft model's run
+    until it does again, not the rest of the answer: spread over the horizon, the demo draft
+    caught up on the 28 tokens lookup had committed every 30 or so of a dialogue's, for one
+    step of 11 tokens each time, at 157 ms where a plain step and lookup again would have
+    taken about 85 (0.93x forced n-gram lookup). Unless plain steps have run longer than its
+    runs since lookup last matched: then lookup is not coming back soon."""
+    return max(inp.model_run, float(inp.plain_streak)) if inp.model_run else None
+
+
 def relag_ms(inp: Inputs) -> float:
     """What a draft-model step's first decode costs over a one-token one, after a step that
     kept every draft: the draft re-decodes its last draft (sampled, never decoded) and the
@@ -217,15 +230,9 @@ def best_k(inp: Inputs, option: Option) -> Estimate | None:
     # 89-token prompt of a paragraph rewrite, a task whose answers lookup had mostly
     # committed, for an estimated 1.12x plain, and that answer ran 0.77x forced n-gram.)
     spread = inp.horizon * (1.0 - share)
-    if once and inp.model_run:
-        # A later catch-up in an answer where lookup keeps taking over serves the draft model's
-        # run until it does again, not the rest of the answer: spread over the horizon, the
-        # demo draft caught up on the 28 tokens lookup had committed every 30 or so of a
-        # dialogue's, for one step of 11 tokens each time, at 157 ms where a plain step and
-        # lookup again would have taken about 85 (0.93x forced n-gram lookup). Unless plain
-        # steps have run longer than its runs since lookup last matched: then lookup is not
-        # coming back soon.
-        spread = min(spread, max(inp.model_run, float(inp.plain_streak)))
+    run = later_run(inp)
+    if once and run is not None:
+        spread = min(spread, run)
     # Lookup past the answer's window (next_window) only while verifying the draft costs at
     # most CHEAP_VERIFY plain steps: where long drafts are about free (a GPU), a stale
     # estimate costs little and the window would only cost wins.
@@ -428,7 +435,7 @@ def _catch_ups(inp: Inputs, option: Option) -> str:
     out = f" (later catch-ups {inp.upkeep:.1f} ms/token)" if inp.upkeep >= 0.05 else ""
     if inp.model_lag <= RELAG or not inp.horizon:
         return out
-    run = max(inp.model_run, float(inp.plain_streak)) if inp.model_run else None
+    run = later_run(inp)
     if run is not None and run < inp.horizon * (1 - inp.lookup_share):
         return out + f" (catch-up spread over its runs in this answer, {run:.0f} tokens)"
     if inp.lookup_share >= 0.05:
