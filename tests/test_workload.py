@@ -29,6 +29,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-6.jsonl",
         "unseen-7.jsonl",
         "unseen-8.jsonl",
+        "unseen-9.jsonl",
     ]
 
 
