@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from homespec.engine.crashsite import CrashSite, Site
-from homespec.engine.types import Message
+from homespec.engine.types import PLAIN_CHAT, ChatFormat, Message
 
 EOS, BOS, MARK = 256, 257, 258
 N_VOCAB = 259
@@ -55,8 +55,12 @@ class FakeVocab:
     def template_problem(self) -> str:
         return ""
 
-    def chat_prompt(self, messages: list[Message]) -> str:
-        return "".join(f"{m.role}: {m.content}\n" for m in messages) + MARKER
+    def chat_prompt(self, messages: list[Message], fmt: ChatFormat = PLAIN_CHAT) -> str:
+        head = messages[:-1] if fmt.continue_last else messages
+        text = "".join(f"{m.role}: {m.content}\n" for m in head)
+        if fmt.continue_last:
+            return text + MARKER + messages[-1].content
+        return text + MARKER if fmt.generation_prompt else text
 
 
 def answer(prompt: list[int]) -> tuple[bytes, bool]:

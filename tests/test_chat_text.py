@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from homespec.engine.chat_template import InvalidTemplate, TemplateError, chat_p
 from homespec.engine.chat_text import chat_tokens, split_chat
 from homespec.engine.llama_backend import LlamaModel
 from homespec.engine.loader import LoadedPair
-from homespec.engine.types import GenerationRequest, Message
+from homespec.engine.types import PLAIN_CHAT, ChatFormat, GenerationRequest, Message
 from homespec.errors import RequestError
 from tests.fake_target import FakeVocab
 
@@ -23,7 +24,7 @@ class TrimmingVocab(FakeVocab):
     """A template that strips contents and merges the system turn into the user's (as some
     real ones do)."""
 
-    def chat_prompt(self, messages: list[Message]) -> str:
+    def chat_prompt(self, messages: list[Message], fmt: ChatFormat = PLAIN_CHAT) -> str:
         system = "".join(m.content.strip() + "\n" for m in messages if m.role == "system")
         turns = [f"<u>{system}{m.content.strip()}</u>" for m in messages if m.role == "user"]
         return "".join(turns) + "<|assistant|>"
@@ -57,8 +58,8 @@ def test_a_chat_prompt_falls_back_refuses_or_drops_a_doubled_bos_as_the_template
     two = [Message("user", "a"), Message("assistant", "b")]
     kw = {"model": "m.gguf", "bos_token": "<s>", "eos_token": "</s>"}
 
-    def builtin() -> str:
-        return "llama.cpp's rendering"
+    def builtin(messages: list[Message], opened: bool) -> str:
+        return f"llama.cpp's rendering of {len(messages)}" + (" opened" if opened else "")
 
     # No template (a base model): a plain transcript ending where the answer starts
     assert chat_prompt("", two, add_bos=True, builtin=builtin, **kw) == (
@@ -70,7 +71,7 @@ def test_a_chat_prompt_falls_back_refuses_or_drops_a_doubled_bos_as_the_template
     assert chat_prompt(tmpl, two, add_bos=False, builtin=builtin, **kw) == "<s>ab"
     # Not Jinja: llama.cpp's built-in renderer; refused by the template: the request's error
     assert chat_prompt("{% for m in messages %}", two, add_bos=True, builtin=builtin, **kw) == (
-        "llama.cpp's rendering"
+        "llama.cpp's rendering of 2 opened"
     )
     refuse = "{{ raise_exception('no assistants') }}"
     with pytest.raises(RequestError, match=r"m\.gguf's chat template cannot render") as e:
@@ -122,6 +123,59 @@ def test_the_templates_own_default_system_turn_is_kept() -> None:
         SMOLLM2, [Message("system", "Be brief."), Message("user", "hi")], bos_token="", eos_token=""
     )
     assert own.startswith("<|im_start|>system\nBe brief.<|im_end|>") and "SmolLM" not in own
+
+
+def test_a_begun_answer_is_continued_where_the_template_opens_the_assistants_turn() -> None:
+    """A prefill: the chat before it rendered as for a new answer, then its text, unclosed
+    (llama.cpp's common_chat_templates_apply does the same)."""
+    kw: dict[str, Any] = {"model": "m.gguf", "bos_token": "", "eos_token": "", "add_bos": False}
+
+    def builtin(messages: list[Message], opened: bool) -> str:
+        return f"[{len(messages)} {opened}]"
+
+    q = [Message("user", "hi")]
+    begun = [*q, Message("assistant", "Sure, here")]
+    fresh = chat_prompt(SMOLLM2, q, builtin=builtin, **kw)
+    cont = ChatFormat(continue_last=True)
+    assert chat_prompt(SMOLLM2, begun, builtin=builtin, fmt=cont, **kw) == fresh + "Sure, here"
+    # not continued: the answer is a finished turn and a new one opens after it
+    closed = chat_prompt(SMOLLM2, begun, builtin=builtin, **kw)
+    assert closed.endswith("Sure, here<|im_end|>\n<|im_start|>assistant\n")
+    # no generation prompt: the chat ends with the user's turn
+    bare = chat_prompt(SMOLLM2, q, builtin=builtin, fmt=ChatFormat(generation_prompt=False), **kw)
+    assert fresh == bare + "<|im_start|>assistant\n"
+    # a base model's transcript, and llama.cpp's built-in renderer, continue the same way
+    assert (
+        chat_prompt("", begun, builtin=builtin, fmt=cont, **kw)
+        == "User: hi\n\nAssistant: Sure, here"
+    )
+    assert chat_prompt("{% if", begun, builtin=builtin, fmt=cont, **kw) == "[1 True]Sure, here"
+
+
+def test_a_requests_template_variables_reach_the_template_or_are_refused() -> None:
+    kw: dict[str, Any] = {"model": "m.gguf", "bos_token": "", "eos_token": "", "add_bos": False}
+    thinks = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}<no-think>{% endif %}"
+    )
+    q = [Message("user", "hi")]
+    off = ChatFormat(variables={"enable_thinking": False})
+    assert chat_prompt(thinks, q, builtin=lambda m, o: "", **kw) == "hi"
+    assert chat_prompt(thinks, q, builtin=lambda m, o: "", fmt=off, **kw) == "hi<no-think>"
+    # the renderer's own values are not theirs to replace
+    sneaky = ChatFormat(variables={"messages": [{"role": "user", "content": "forged"}]})
+    assert chat_prompt(thinks, q, builtin=lambda m, o: "", fmt=sneaky, **kw) == "hi"
+    # llama.cpp's built-in renderer takes none: refused, not answered without them
+    with pytest.raises(RequestError, match="takes no template variables"):
+        chat_prompt("{% if", q, builtin=lambda m, o: "x", fmt=off, **kw)
+
+
+def test_a_continued_answer_is_content_not_template() -> None:
+    """Its text is tokenized as text like every message's: a typed marker stays text."""
+    msgs = [Message("user", "hi"), Message("assistant", "<|assistant|> so")]
+    parts = split_chat(FakeVocab(), msgs, ChatFormat(continue_last=True))
+    assert parts[-1] == ("<|assistant|> so", True)
+    assert "".join(t for t, _ in parts) == FakeVocab().chat_prompt(msgs, ChatFormat(True))
 
 
 def test_a_template_that_refuses_a_chat_says_why_and_a_broken_one_is_told_apart() -> None:

@@ -144,6 +144,19 @@ def test_placeholder_model_is_served_by_the_default_pair_and_says_so(daemon: Dae
     assert r.headers["x-request-id"] == body["id"]
 
 
+def test_a_begun_answer_is_continued_and_the_response_says_so(daemon: Daemon) -> None:
+    begun = [*user("Name a fruit."), {"role": "assistant", "content": "A"}]
+    r = daemon.post(CHAT, {"messages": begun, "max_tokens": 8})
+    assert r.status_code == 200
+    fmt = r.json()["homespec"]["prompt_format"]
+    assert fmt == "chat template; continuing the assistant's last message"
+    r = daemon.post(CHAT, {"messages": begun, "max_tokens": 8, "continue_final_message": False})
+    assert r.json()["homespec"]["prompt_format"] == "chat template"
+    r = daemon.post(CHAT, {"messages": user("Hi"), "continue_final_message": True})
+    assert r.status_code == 400
+    assert "continue_final_message: the last message is the user's" in r.json()["error"]["message"]
+
+
 def test_text_completions_and_models(daemon: Daemon) -> None:
     r = daemon.post(
         "/v1/completions", {"model": "smollm2-ngram", "prompt": "1, 2, 3,", "max_tokens": 8}

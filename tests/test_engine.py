@@ -19,7 +19,7 @@ from homespec.engine.ledger import Ledger
 from homespec.engine.loader import LoadedPair
 from homespec.engine.runtime import PairRuntime
 from homespec.engine.sampling import Draws, SamplingParams, distribution, log_weights
-from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Message
+from homespec.engine.types import ChatFormat, Chunk, GenerationRequest, GenerationStats, Message
 from homespec.errors import RequestError
 from homespec.manifest import TaskPolicy
 
@@ -331,6 +331,35 @@ def test_stop_string_and_finish_reasons(demo_pair: LoadedPair) -> None:
     assert stats.finish_reason == "length" and stats.completion_tokens == 5
     _, stats, _ = run(rt, messages=chat("Say OK."), max_tokens=200)
     assert stats.finish_reason == "stop" and stats.completion_tokens < 200
+
+
+@pytest.mark.parametrize("speculative", [False, None])
+def test_a_begun_answer_is_continued_the_way_the_target_would_have(
+    demo_pair: LoadedPair, speculative: bool | None
+) -> None:
+    """A prefill (a chat whose last message is the assistant's): the model goes on from that
+    text, so a plain answer cut after its first words and sent back as the begun answer is
+    finished the same way, and only the rest is the response's."""
+    rt = demo_pair.runtime
+    q = chat(PROMPTS[1])
+    full, plain, _ = run(rt, messages=q, max_tokens=48, speculative=False)
+    begun = full[: full.index(" ", 25)]
+    more = [*q, Message("assistant", begun)]
+    rest, stats, _ = run(
+        rt,
+        messages=more,
+        chat=ChatFormat(continue_last=True),
+        max_tokens=24,
+        speculative=speculative,
+    )
+    assert len(rest) > 40 and full.startswith(begun + rest)
+    assert stats.prompt_format == "chat template; continuing the assistant's last message"
+    assert stats.prompt_tokens == plain.prompt_tokens + len(
+        rt.target.model.tokenize(begun, special=False, add_bos=False)
+    )
+    # not continued: the begun answer is a finished turn, and a new answer starts after it
+    again, closed, _ = run(rt, messages=more, max_tokens=24, speculative=False)
+    assert closed.prompt_format == "chat template" and not full.startswith(begun + again)
 
 
 def test_lookup_agrees_no_further_back_than_a_chat_answers_start(demo_pair: LoadedPair) -> None:

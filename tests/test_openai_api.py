@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from homespec.daemon.openai_api import ChatCompletionRequest, CompletionRequest, request_payload
-from homespec.engine.types import GenerationRequest, Message
+from homespec.engine.types import ChatFormat, GenerationRequest, Message
 
 CHAT = [Message("system", "Be brief."), Message("user", "Name a fruit.")]
 
@@ -36,8 +36,14 @@ CHAT = [Message("system", "Be brief."), Message("user", "Name a fruit.")]
         ),
         GenerationRequest(messages=CHAT, speculative=True, drafter="model"),
         GenerationRequest(prompt="1, 2, 3,", max_tokens=8, speculative=None),
+        GenerationRequest(
+            messages=[*CHAT, Message("assistant", "A")],
+            chat=ChatFormat(continue_last=True, variables={"enable_thinking": False}),
+        ),
+        GenerationRequest(messages=[*CHAT, Message("assistant", "A pear.")]),
+        GenerationRequest(messages=CHAT, chat=ChatFormat(generation_prompt=False)),
     ],
-    ids=["plain", "every-field", "forced", "raw-prompt"],
+    ids=["plain", "every-field", "forced", "raw-prompt", "prefill", "answered", "no-opening"],
 )
 def test_the_payload_ask_sends_parses_back_to_the_same_request(req: GenerationRequest) -> None:
     path, payload = request_payload(req, "smollm2")
@@ -143,6 +149,8 @@ def test_completion_fields_that_ask_for_nothing_are_accepted() -> None:
         ({"dry_multiplier": 0.8}, "dry_multiplier"),
         ({"xtc_probability": 0.5}, "xtc_probability"),
         ({"ignore_eos": True}, "ignore_eos=true"),
+        ({"top_a": 0.2}, "top_a=0.2"),
+        ({"use_beam_search": True}, "use_beam_search=true"),
         ({"min_tokens": 10}, "min_tokens"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"repeat_penalty": [1, 2]}, "repeat_penalty=[1, 2]"),
@@ -222,3 +230,54 @@ def test_a_boolean_where_a_number_goes_is_refused_not_read_as_one(name: str) -> 
     with pytest.raises(ValidationError, match="max_tokens=false is not a number"):
         CompletionRequest.model_validate({"prompt": "a", "max_tokens": False})
     assert ChatCompletionRequest.model_validate(chat(**{name: 1})).model_dump()[name] == 1
+
+
+def test_a_seed_of_minus_one_is_llama_cpps_fresh_seed_and_other_negatives_are_refused() -> None:
+    assert ChatCompletionRequest.model_validate(chat(seed=-1)).to_generation(5).seed is None
+    with pytest.raises(ValidationError, match=r"seed -2: send 0 or more, or -1"):
+        ChatCompletionRequest.model_validate(chat(seed=-2))
+
+
+def _rendering(messages: list[dict[str, str]], **extra: Any) -> ChatFormat:
+    return ChatCompletionRequest.model_validate({"messages": messages, **extra}).chat_format()
+
+
+def test_a_last_assistant_message_is_continued_unless_the_request_opens_a_new_turn() -> None:
+    """llama-server's default (a prefill); vLLM's continue_final_message and
+    add_generation_prompt say it either way."""
+    q = {"role": "user", "content": "Name a fruit."}
+    begun = [q, {"role": "assistant", "content": "A"}]
+    assert _rendering(begun) == ChatFormat(continue_last=True)
+    assert _rendering(begun, continue_final_message=True).continue_last
+    assert not _rendering(begun, continue_final_message=False).continue_last
+    assert not _rendering(begun, add_generation_prompt=True).continue_last
+    assert _rendering([q]) == ChatFormat()
+    assert _rendering([q], add_generation_prompt=False) == ChatFormat(generation_prompt=False)
+    kwargs = {"enable_thinking": False, "tools_hint": [1, 2]}
+    assert _rendering([q], chat_template_kwargs=kwargs).variables == kwargs
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (
+            {"continue_final_message": True},
+            "continue_final_message: the last message is the user's",
+        ),
+        (
+            {
+                "messages": [{"role": "assistant", "content": "A"}],
+                "continue_final_message": True,
+                "add_generation_prompt": True,
+            },
+            "continue_final_message and add_generation_prompt are both true",
+        ),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs: messages is set by"),
+        ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+    ],
+)
+def test_a_rendering_that_cannot_be_done_is_refused_by_name(
+    extra: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValidationError, match=re.escape(named)):
+        ChatCompletionRequest.model_validate(chat(**extra))

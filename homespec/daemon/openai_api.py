@@ -27,7 +27,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from homespec.engine.types import EMPTY_STOP, GenerationRequest, Message
+from homespec.engine import chat_template
+from homespec.engine.types import EMPTY_STOP, ChatFormat, GenerationRequest, Message
 from homespec.manifest import MAX_DRAFT_TOKENS
 from homespec.vocab import Drafter
 
@@ -53,6 +54,12 @@ EXTENSIONS: dict[str, Callable[[Any], bool]] = {
     "ignore_eos": _off(False),
     "min_tokens": _off(0),
     "n_probs": _off(0),
+    "top_a": _off(0, 0.0),
+    "smoothing_factor": _off(0, 0.0),
+    "epsilon_cutoff": _off(0, 0.0),
+    "eta_cutoff": _off(0, 0.0),
+    "no_repeat_ngram_size": _off(0),
+    "use_beam_search": _off(False),
     "top_logprobs": _off(0),
     "grammar": lambda v: not v,
     "json_schema": lambda v: not v,
@@ -257,6 +264,17 @@ class _Common(BaseModel):
     draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS)
     drafter: Drafter | None = None
 
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _random_seed(cls, v: Any) -> Any:
+        """-1 is llama.cpp's "a fresh seed" (its LLAMA_DEFAULT_SEED): no seed; the response
+        reports the one drawn."""
+        if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+            if v == -1:
+                return None
+            raise ValueError(f"seed {v}: send 0 or more, or -1 (or nothing) for a fresh one")
+        return v
+
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
@@ -325,13 +343,54 @@ class _Common(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    # How the chat becomes a prompt (llama-server's and vLLM's fields, chat_template.py): a
+    # last message of the assistant's is continued (a prefill) unless one of the first two
+    # says otherwise; the variables go to the model's chat template.
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _rendering(self) -> ChatCompletionRequest:
+        last = self.messages[-1].role
+        if self.continue_final_message and last != "assistant":
+            raise ValueError(
+                f"continue_final_message: the last message is the {last}'s, not a begun "
+                "answer: put the assistant's begun answer last, or leave the field out"
+            )
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "continue_final_message and add_generation_prompt are both true (continue "
+                "the last answer, or open a new one): send one of them"
+            )
+        taken = sorted(set(self.chat_template_kwargs or {}) & chat_template.RESERVED)
+        if taken:
+            raise ValueError(
+                f"chat_template_kwargs: {', '.join(taken)} is set by homespec itself "
+                "(from messages and the model's tokens): leave it out"
+            )
+        return self
+
+    def chat_format(self) -> ChatFormat:
+        """The rendering asked for: a last assistant message is continued unless
+        continue_final_message is false or add_generation_prompt true (an explicit new turn)."""
+        begun = self.messages[-1].role == "assistant"
+        if self.continue_final_message is not None:
+            cont = self.continue_final_message
+        else:
+            cont = begun and self.add_generation_prompt is not True
+        return ChatFormat(
+            continue_last=cont,
+            generation_prompt=self.add_generation_prompt is not False,
+            variables=dict(self.chat_template_kwargs or {}),
+        )
 
     def to_generation(self, default_max_tokens: int) -> GenerationRequest:
         msgs = [
             Message("system" if m.role == "developer" else m.role, m.text()) for m in self.messages
         ]
         cap = self.asked_tokens() or default_max_tokens
-        return self.generation(messages=msgs, max_tokens=cap)
+        return self.generation(messages=msgs, max_tokens=cap, chat=self.chat_format())
 
     def asked_tokens(self) -> int | None:
         return self.max_completion_tokens or super().asked_tokens()
@@ -390,6 +449,12 @@ def request_payload(req: GenerationRequest, pair: str | None) -> tuple[str, dict
     payload = {k: v for k, v in payload.items() if v is not None}
     if req.messages is not None:
         payload["messages"] = [{"role": m.role, "content": m.content} for m in req.messages]
+        if req.messages and req.messages[-1].role == "assistant":
+            payload["continue_final_message"] = req.chat.continue_last
+        if not req.chat.generation_prompt:
+            payload["add_generation_prompt"] = False
+        if req.chat.variables:
+            payload["chat_template_kwargs"] = dict(req.chat.variables)
         return "/v1/chat/completions", payload
     payload["prompt"] = req.prompt
     return "/v1/completions", payload

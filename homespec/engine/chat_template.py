@@ -7,7 +7,12 @@ a default system turn when a chat has none, and the built-in chatml does not, so
 question got a different prompt, and a different answer, from homespec than from llama-server
 (which renders the Jinja source) or the model's own reference code. So templates are rendered
 here the way Hugging Face's `apply_chat_template` does: a sandboxed Jinja environment with
-`raise_exception` and `strftime_now`, `bos_token` / `eos_token`, `add_generation_prompt`.
+`raise_exception` and `strftime_now`, `bos_token` / `eos_token`, `add_generation_prompt`, and
+the request's own template variables (`chat_template_kwargs`: `enable_thinking`).
+
+A chat whose last message is the assistant's is continued (a prefill, llama-server's default):
+the chat before it is rendered opened for the assistant's turn and that message's text follows,
+unclosed, the way llama.cpp's common_chat_templates_apply continues a final message.
 
 Pure: no llama.cpp. The engine passes the template source and the special tokens' text.
 """
@@ -17,7 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -25,7 +30,7 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from homespec.engine.types import Message
+from homespec.engine.types import PLAIN_CHAT, ChatFormat, Message
 from homespec.errors import RequestError
 
 LOG = logging.getLogger("homespec.engine")
@@ -70,14 +75,38 @@ def problem(source: str) -> str:
     return ""
 
 
-def render(source: str, messages: list[Message], *, bos_token: str, eos_token: str) -> str:
-    """The prompt for `messages`, ending where the assistant's answer starts."""
+# What the renderer itself gives a template: a request's variables may not replace them.
+RESERVED = frozenset(
+    {
+        "messages",
+        "bos_token",
+        "eos_token",
+        "add_generation_prompt",
+        "raise_exception",
+        "strftime_now",
+    }
+)
+
+
+def render(
+    source: str,
+    messages: list[Message],
+    *,
+    bos_token: str,
+    eos_token: str,
+    generation_prompt: bool = True,
+    variables: Mapping[str, Any] | None = None,
+) -> str:
+    """The prompt for `messages`, ending where the assistant's answer starts (unless
+    `generation_prompt` is off); `variables` are extra values the template may read."""
+    extra = {k: v for k, v in (variables or {}).items() if k not in RESERVED}
     try:
         return _compiled(source).render(
+            **extra,
             messages=[{"role": m.role, "content": m.content} for m in messages],
             bos_token=bos_token,
             eos_token=eos_token,
-            add_generation_prompt=True,
+            add_generation_prompt=generation_prompt,
         )
     except TemplateError:
         raise
@@ -93,24 +122,44 @@ def chat_prompt(
     bos_token: str,
     eos_token: str,
     add_bos: bool,
-    builtin: Callable[[], str],
+    builtin: Callable[[list[Message], bool], str],
+    fmt: ChatFormat = PLAIN_CHAT,
 ) -> str:
     """A chat's prompt for the model file named `model` whose template is `source`.
 
-    A template that is not valid Jinja is rendered by `builtin` (llama.cpp's renderer, which
-    knows the common templates by their look) instead, with a warning at load and in every
-    request's prompt_format. A base model without a template ("") gets a plain "Role: text"
-    transcript; the engine reports that in the request's stats (`prompt_format`). The prompt
-    leaves out a leading BOS where the tokenizer adds one itself: not twice.
+    A template that is not valid Jinja is rendered by `builtin(messages, generation_prompt)`
+    (llama.cpp's renderer, which knows the common templates by their look) instead, with a
+    warning at load and in every request's prompt_format; it takes no template variables, so a
+    request with some is refused there rather than answered without them. A base model without
+    a template ("") gets a plain "Role: text" transcript; the engine reports that in the
+    request's stats (`prompt_format`). The prompt leaves out a leading BOS where the tokenizer
+    adds one itself: not twice. `fmt.continue_last`: the last message is continued (above).
     """
+    head, tail = (messages[:-1], messages[-1].content) if fmt.continue_last else (messages, "")
+    opened = fmt.generation_prompt or fmt.continue_last
     if not source:
-        turns = [f"{m.role.capitalize()}: {m.content}" for m in messages]
-        return "\n\n".join([*turns, "Assistant:"])
+        turns = [f"{m.role.capitalize()}: {m.content}" for m in head]
+        if fmt.continue_last:
+            return "\n\n".join([*turns, f"Assistant: {tail}"])
+        return "\n\n".join([*turns, "Assistant:"] if opened else turns)
     try:
-        text = render(source, messages, bos_token=bos_token, eos_token=eos_token)
+        text = render(
+            source,
+            head,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            generation_prompt=opened,
+            variables=fmt.variables,
+        )
     except InvalidTemplate as exc:
+        if fmt.variables:
+            raise RequestError(
+                f"{model}'s chat template is rendered by llama.cpp's built-in look-alike "
+                f"({exc}), which takes no template variables",
+                "leave chat_template_kwargs out for this model",
+            ) from None
         LOG.debug("%s: %s; using llama.cpp's built-in renderer", model, exc)
-        return builtin()
+        return builtin(head, opened) + tail
     except TemplateError as exc:
         raise RequestError(
             f"{model}'s chat template cannot render these messages: {exc}",
@@ -119,4 +168,4 @@ def chat_prompt(
         ) from None
     if bos_token and add_bos and text.startswith(bos_token):
         text = text[len(bos_token) :]
-    return text
+    return text + tail

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 
 from homespec.engine.target import Target, Vocabulary
-from homespec.engine.types import GenerationRequest, Message
+from homespec.engine.types import PLAIN_CHAT, ChatFormat, GenerationRequest, Message
 from homespec.errors import RequestError
 
 # Private-use characters: no template writes them, and no strip() (C's or Python's) removes them.
@@ -23,11 +23,14 @@ _MARK = "\ue000homespec-content-{}\ue001"
 _SPLIT = re.compile("\ue000homespec-content-(\\d+)\ue001")
 
 
-def split_chat(model: Vocabulary, messages: list[Message]) -> list[tuple[str, bool]]:
+def split_chat(
+    model: Vocabulary, messages: list[Message], fmt: ChatFormat = PLAIN_CHAT
+) -> list[tuple[str, bool]]:
     """The rendered prompt as (text, is_content) pieces that concatenate to the template's
     output. Templates that trim contents are matched by trying the stripped text too."""
-    real = model.chat_prompt(messages)
-    marked = model.chat_prompt([Message(m.role, _MARK.format(i)) for i, m in enumerate(messages)])
+    real = model.chat_prompt(messages, fmt)
+    marks = [Message(m.role, _MARK.format(i)) for i, m in enumerate(messages)]
+    marked = model.chat_prompt(marks, fmt)
     pieces = _SPLIT.split(marked)  # template, index, template, index, …, template
     variants: list[Callable[[str], str]] = [str, str.strip]
     parts: list[tuple[str, bool]] = []
@@ -41,13 +44,19 @@ def split_chat(model: Vocabulary, messages: list[Message]) -> list[tuple[str, bo
     return [(text, content) for text, content in parts if text]
 
 
-def chat_tokens(model: Vocabulary, messages: list[Message], *, allow_special: bool) -> list[int]:
+def chat_tokens(
+    model: Vocabulary,
+    messages: list[Message],
+    *,
+    allow_special: bool,
+    fmt: ChatFormat = PLAIN_CHAT,
+) -> list[int]:
     """The prompt's tokens: BOS (when the model wants one), template markers as control
     tokens, message contents as text (or as written, with `allow_special`)."""
     if allow_special:
-        return model.tokenize(model.chat_prompt(messages), special=True)
+        return model.tokenize(model.chat_prompt(messages, fmt), special=True)
     tokens: list[int] = []
-    for i, (text, content) in enumerate(split_chat(model, messages)):
+    for i, (text, content) in enumerate(split_chat(model, messages, fmt)):
         tokens += model.tokenize(text, special=not content, add_bos=i == 0)
     return tokens
 
@@ -67,13 +76,15 @@ def prompt_tokens(
     RequestError for a prompt that is empty or leaves no room in the context."""
     model = target.model
     if req.messages is not None:
-        tokens = chat_tokens(model, req.messages, allow_special=allow_special)
+        tokens = chat_tokens(model, req.messages, allow_special=allow_special, fmt=req.chat)
         if not model.has_chat_template():
             how = PROMPT_FORMATS["transcript"]
         elif problem := model.template_problem():
             how = f"{PROMPT_FORMATS['builtin']} ({problem})"
         else:
             how = PROMPT_FORMATS["chat"]
+        if asked := req.chat.describe():
+            how = f"{how}; {asked}"
     elif req.prompt is not None:
         tokens, how = model.tokenize(req.prompt, special=True), PROMPT_FORMATS["raw"]
     else:

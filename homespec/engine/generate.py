@@ -274,7 +274,7 @@ def _steps(
         accepted_per_position=[0] * (0 if decision.drafter == "auto" else decision.draft_tokens),
         prediction_tokens=predicted,
     )
-    if stats.prompt_format == PROMPT_FORMATS["transcript"]:
+    if stats.prompt_format.startswith(PROMPT_FORMATS["transcript"]):
         LOG.warning("pair %s: %s", rt.name, stats.prompt_format)
     stats.cached_tokens = rt.recall(history)
     text = TextStream(req.stop)

@@ -22,7 +22,7 @@ from homespec.engine import chat_template
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.ggml_devices import Ggml
 from homespec.engine.target import shared_prefix
-from homespec.engine.types import Message
+from homespec.engine.types import PLAIN_CHAT, ChatFormat, Message
 from homespec.errors import EngineError, RequestError
 
 LOG = logging.getLogger("homespec.llama")
@@ -209,7 +209,7 @@ class LlamaModel:
             self._template_problem = chat_template.problem(source) if source else ""
         return self._template_problem
 
-    def chat_prompt(self, messages: list[Message]) -> str:
+    def chat_prompt(self, messages: list[Message], fmt: ChatFormat = PLAIN_CHAT) -> str:
         """Render messages with the model's own chat template (chat_template.chat_prompt)."""
         tmpl = lc.llama_model_chat_template(self._model, None)
         return chat_template.chat_prompt(
@@ -219,7 +219,8 @@ class LlamaModel:
             bos_token=self._special_text(lc.llama_vocab_bos(self._vocab)),
             eos_token=self._special_text(lc.llama_vocab_eos(self._vocab)),
             add_bos=self.add_bos,
-            builtin=lambda: self._builtin_chat_prompt(tmpl, messages),
+            builtin=lambda head, opened: self._builtin_chat_prompt(tmpl, head, opened),
+            fmt=fmt,
         )
 
     def _special_text(self, token: int) -> str:
@@ -228,7 +229,7 @@ class LlamaModel:
         raw = lc.llama_vocab_get_text(self._vocab, token)
         return raw.decode("utf-8", "replace") if raw else ""
 
-    def _builtin_chat_prompt(self, tmpl: bytes, messages: list[Message]) -> str:
+    def _builtin_chat_prompt(self, tmpl: bytes, messages: list[Message], opened: bool) -> str:
         keep = [(m.role.encode(), m.content.encode()) for m in messages]
         chat = (lc.llama_chat_message * len(keep))()
         for i, (role, content) in enumerate(keep):
@@ -237,7 +238,7 @@ class LlamaModel:
         size = sum(len(r) + len(c) for r, c in keep) * 2 + 256
         for _ in range(2):
             buf = ctypes.create_string_buffer(size)
-            n = lc.llama_chat_apply_template(tmpl, chat, len(keep), True, buf, size)
+            n = lc.llama_chat_apply_template(tmpl, chat, len(keep), opened, buf, size)
             if n < 0:
                 raise RequestError(
                     f"{self.path.name}: llama.cpp does not support this model's chat template",

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from homespec.engine.types import Message
+from homespec.engine.types import ChatFormat, Message
 
 
 class Vocabulary(Protocol):
@@ -31,7 +31,9 @@ class Vocabulary(Protocol):
 
     def template_problem(self) -> str: ...
 
-    def chat_prompt(self, messages: list[Message]) -> str: ...
+    def chat_prompt(self, messages: list[Message], fmt: ChatFormat = ...) -> str:
+        """The chat rendered as one string, as `fmt` asks (chat_template.chat_prompt)."""
+        ...
 
 
 class Target(Protocol):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -20,11 +21,42 @@ class Message:
 
 
 @dataclass(frozen=True)
+class ChatFormat:
+    """How a chat becomes a prompt beyond its messages (the fields llama-server and vLLM take).
+
+    `continue_last`: the last message is the assistant's answer begun (a prefill): the prompt
+    is the chat before it, opened for the assistant, then that text, and the model goes on
+    from there. `generation_prompt`: end with the template's opening of the assistant's turn
+    (off: the model writes the next turn's header itself). `variables`: extra values the chat
+    template reads (`enable_thinking`), as JSON values.
+    """
+
+    continue_last: bool = False
+    generation_prompt: bool = True
+    variables: Mapping[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """What the request asked of the rendering, for its prompt_format ("" for nothing)."""
+        said = []
+        if self.continue_last:
+            said.append("continuing the assistant's last message")
+        elif not self.generation_prompt:
+            said.append("no generation prompt")
+        if self.variables:
+            said.append("template variables " + ", ".join(sorted(self.variables)))
+        return "; ".join(said)
+
+
+PLAIN_CHAT = ChatFormat()
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One generation. None means "use the pair's or the task's default"."""
 
     messages: list[Message] | None = None
     prompt: str | None = None  # raw completion prompt (no chat template)
+    chat: ChatFormat = PLAIN_CHAT  # how `messages` are rendered (continue, template variables)
     max_tokens: int = 256
     temperature: float | None = None
     top_p: float | None = None
