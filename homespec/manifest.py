@@ -270,6 +270,19 @@ class WorkerSpec(_Strict):
         return self
 
 
+# Pages served from this machine (any port): a browser UI run beside the daemon works
+# untouched, and no page from elsewhere can read the models' answers (Ollama's default too).
+LOOPBACK_ORIGINS = (
+    "http://localhost",
+    "https://localhost",
+    "http://127.0.0.1",
+    "https://127.0.0.1",
+    "http://[::1]",
+    "https://[::1]",
+)
+ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
+
+
 class ServerSpec(_Strict):
     """`[server]`: how `homespec serve` answers."""
 
@@ -286,6 +299,11 @@ class ServerSpec(_Strict):
         default_factory=list,
         description="Host header names a daemon without an API key also answers (besides "
         "127.0.0.1, localhost, ::1 and --host); others get a 421 (DNS rebinding)",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=lambda: list(LOOPBACK_ORIGINS),
+        description="web page origins whose scripts may call the API from a browser (CORS); "
+        'one without a port matches any port; "*" any page (only with an API key); [] none',
     )
     max_tokens_limit: int = Field(4096, ge=1, description="largest max_tokens a request may ask")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body")
@@ -306,6 +324,16 @@ class ServerSpec(_Strict):
     engine_crash_window_s: float = Field(
         600.0, gt=0, description="the window engine_crash_limit counts deaths in"
     )
+
+    @model_validator(mode="after")
+    def _origins(self) -> ServerSpec:
+        bad = [o for o in self.cors_origins if o != "*" and not ORIGIN.fullmatch(o)]
+        if bad:
+            raise ValueError(
+                f"cors_origins: {bad[0]!r} is not an origin: write scheme://host[:port] with "
+                'no path (http://localhost:3000), or "*"'
+            )
+        return self
 
 
 class ManifestSpec(_Strict):

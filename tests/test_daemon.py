@@ -157,6 +157,35 @@ def test_a_begun_answer_is_continued_and_the_response_says_so(daemon: Daemon) ->
     assert "continue_final_message: the last message is the user's" in r.json()["error"]["message"]
 
 
+def _preflight(daemon: Daemon, origin: str) -> httpx.Response:
+    asks = {
+        "Origin": origin,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os",
+    }
+    return httpx.request("OPTIONS", daemon.url + CHAT, headers=asks)
+
+
+def test_a_page_served_from_this_machine_may_call_the_api_and_no_other_page_may(
+    daemon: Daemon,
+) -> None:
+    """CORS (daemon/cors.py): by default pages from loopback origins, any port."""
+    for origin in ("http://localhost:3000", "http://127.0.0.1:5173", "http://[::1]:8000"):
+        ok = _preflight(daemon, origin)
+        assert ok.status_code == 200, origin
+        assert ok.headers["access-control-allow-origin"] == origin
+        assert "x-stainless-os" in ok.headers["access-control-allow-headers"].lower()
+    for origin in ("https://evil.example", "http://localhost.evil.example"):
+        no = _preflight(daemon, origin)
+        assert no.status_code == 400 and "access-control-allow-origin" not in no.headers
+    r = daemon.post(
+        CHAT, {"messages": user("Hi"), "max_tokens": 4}, headers={"Origin": "http://localhost:3000"}
+    )
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+    assert "x-request-id" in r.headers["access-control-expose-headers"]
+
+
 def test_text_completions_and_models(daemon: Daemon) -> None:
     r = daemon.post(
         "/v1/completions", {"model": "smollm2-ngram", "prompt": "1, 2, 3,", "max_tokens": 8}

@@ -78,6 +78,14 @@ def test_api_key_is_enforced_everywhere_but_health(tmp_path: Path) -> None:
             assert ok.status_code == 200, scheme
         assert d.get("/v1/models", headers={"X-API-Key": "s3cret"}).status_code == 200
         assert d.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+        # A browser's preflight carries no key and is answered; the 401 after it is readable
+        # by the page (CORS around the gate), so its script can say what went wrong.
+        page = {"Origin": "http://localhost:3000"}
+        asks = {**page, "Access-Control-Request-Method": "POST"}
+        assert httpx.request("OPTIONS", d.url + CHAT, headers=asks).status_code == 200
+        refused = d.post(CHAT, {"messages": user("Hi")}, headers=page)
+        assert refused.status_code == 401
+        assert refused.headers["access-control-allow-origin"] == "http://localhost:3000"
         # With a key, the Host check is the key's job: any Host with the right key is served.
         evil = {"Authorization": "Bearer s3cret", "Host": "evil.example"}
         assert d.get("/v1/models", headers=evil).status_code == 200
@@ -122,6 +130,16 @@ def test_non_loopback_bind_without_a_key_is_refused(
     r = CliRunner().invoke(cli, ["serve", "--host", "0.0.0.0", "--config", config])
     assert r.exit_code == 2
     assert "refusing to listen on 0.0.0.0 without an API key" in r.stderr
+
+
+def test_any_origin_without_a_key_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HOMESPEC_API_KEY", raising=False)
+    config = str(fake_manifest_file(tmp_path, 'cors_origins = ["*"]'))
+    r = CliRunner().invoke(cli, ["serve", "--config", config])
+    assert r.exit_code == 2
+    assert 'cors_origins has "*" on a daemon without an API key' in r.stderr
 
 
 def test_health_shows_the_target_serving_before_the_draft_attaches(tmp_path: Path) -> None:

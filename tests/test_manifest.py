@@ -144,3 +144,38 @@ def test_a_model_in_a_package_that_is_not_installed_says_so(tmp_path: Path) -> N
     assert manifest.model_path("m") is None
     with pytest.raises(ModelFileError, match="package 'no_such_homespec_pkg' is not installed"):
         manifest.require_model_file("m", "p")
+
+
+def test_the_shipped_manifests_server_block_shows_the_defaults_it_says_it_shows() -> None:
+    """models.toml's commented `[server]` block ("defaults shown"), uncommented, is what
+    ServerSpec defaults to: the example cannot drift from the code."""
+    import tomllib
+
+    from homespec.manifest import ServerSpec
+
+    lines = SHIPPED_MANIFEST.read_text().splitlines()
+    start = lines.index("# [server]")
+    block = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("#") or line.startswith("# ---"):
+            break
+        block.append(line[2:])
+    shown = tomllib.loads("\n".join(block))
+    defaults = ServerSpec().model_dump()
+    assert {"cors_origins", "max_queue", "stream_interval_ms"} <= set(shown)
+    for key, value in shown.items():
+        if key != "pairs":  # shown as an example: its default is [] (default_pair)
+            assert defaults[key] == value, key
+    ServerSpec.model_validate(shown)
+
+
+@pytest.mark.parametrize(
+    "origins", [["localhost:3000"], ["http://localhost/app"], ["http://"], [""]]
+)
+def test_a_cors_origin_that_is_no_origin_is_refused_by_name(origins: list[str]) -> None:
+    from pydantic import ValidationError
+
+    from homespec.manifest import ServerSpec
+
+    with pytest.raises(ValidationError, match=r"cors_origins: .* is not an origin"):
+        ServerSpec(cors_origins=origins)

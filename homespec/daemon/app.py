@@ -23,10 +23,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from homespec import __version__, heap
-from homespec.daemon import rpc_watch
+from homespec.daemon import cors, rpc_watch
 from homespec.daemon.openai_api import ChatCompletionRequest, CompletionRequest
 from homespec.daemon.openai_responses import SSE_DONE, Envelope, error_body, homespec_extra, sse
 from homespec.daemon.outcome import Outcome
@@ -250,6 +251,8 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
     app.add_middleware(BodyLimit, limit=daemon.server.max_body_bytes)
 
     app.add_middleware(Gate, key=config.api_key, hosts=allowed_hosts(config))
+    if browsers := cors.options(daemon.server.cors_origins):  # around the gate (cors.py)
+        app.add_middleware(CORSMiddleware, **browsers)
     app.add_middleware(CountRefusals, daemon=daemon)  # outermost: sees the gate's answers
 
     @app.exception_handler(RequestValidationError)

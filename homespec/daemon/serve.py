@@ -19,6 +19,7 @@ from pathlib import Path
 
 import uvicorn
 
+from homespec.daemon import cors
 from homespec.daemon.app import create_app
 from homespec.daemon.service import DaemonConfig
 from homespec.errors import ConfigError
@@ -79,6 +80,7 @@ def build(
             "use the models",
             f"set {API_KEY_ENV} (or --api-key-file), or bind 127.0.0.1",
         )
+    cors.check(manifest.spec.server.cors_origins, has_key=bool(key))
     names = pairs or manifest.spec.server.pairs or [manifest.default_pair]
     for name in names:
         manifest.pair(name)
