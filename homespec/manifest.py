@@ -272,13 +272,10 @@ class WorkerSpec(_Strict):
 
 # Pages served from this machine (any port): a browser UI run beside the daemon works
 # untouched, and no page from elsewhere can read the models' answers (Ollama's default too).
-LOOPBACK_ORIGINS = (
-    "http://localhost",
-    "https://localhost",
-    "http://127.0.0.1",
-    "https://127.0.0.1",
-    "http://[::1]",
-    "https://[::1]",
+LOOPBACK_ORIGINS = tuple(
+    f"{scheme}://{host}"
+    for host in ("localhost", "127.0.0.1", "[::1]")
+    for scheme in ("http", "https")
 )
 ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
 

@@ -20,14 +20,12 @@ from homespec.errors import ConfigError
 EXPOSED = ["x-request-id", "retry-after"]
 
 
-def origin_pattern(origins: list[str]) -> str | None:
-    """One regular expression for `origins` (an origin without a port matches any port);
-    None for none."""
-    alts = []
-    for origin in origins:
-        has_port = re.search(r":\d+$", origin) is not None
-        alts.append(re.escape(origin.lower()) + ("" if has_port else r"(?::\d+)?"))
-    return f"(?:{'|'.join(alts)})" if alts else None
+def origin_pattern(origins: list[str]) -> str:
+    """One regular expression for `origins` (an origin without a port matches any port)."""
+    alts = [
+        re.escape(o.lower()) + ("" if re.search(r":\d+$", o) else r"(?::\d+)?") for o in origins
+    ]
+    return f"(?:{'|'.join(alts)})"
 
 
 def check(origins: list[str], *, has_key: bool) -> None:
