@@ -168,6 +168,9 @@ def test_a_requests_template_variables_reach_the_template_or_are_refused() -> No
     # llama.cpp's built-in renderer takes none: refused, not answered without them
     with pytest.raises(RequestError, match="takes no template variables"):
         chat_prompt("{% if", q, builtin=lambda m, o: "x", fmt=off, **kw)
+    # nor does a base model's transcript: no template to give them to
+    with pytest.raises(RequestError, match=r"no chat template.*\(enable_thinking\)"):
+        chat_prompt("", q, builtin=lambda m, o: "x", fmt=off, **kw)
 
 
 def test_a_continued_answer_is_content_not_template() -> None:

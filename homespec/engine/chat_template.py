@@ -129,15 +129,22 @@ def chat_prompt(
 
     A template that is not valid Jinja is rendered by `builtin(messages, generation_prompt)`
     (llama.cpp's renderer, which knows the common templates by their look) instead, with a
-    warning at load and in every request's prompt_format; it takes no template variables, so a
-    request with some is refused there rather than answered without them. A base model without
-    a template ("") gets a plain "Role: text" transcript; the engine reports that in the
-    request's stats (`prompt_format`). The prompt leaves out a leading BOS where the tokenizer
+    warning at load and in every request's prompt_format. A base model without a template ("")
+    gets a plain "Role: text" transcript; the engine reports that in the request's stats
+    (`prompt_format`). Neither takes template variables, so a request with some is refused
+    there rather than answered without them. The prompt leaves out a leading BOS where the tokenizer
     adds one itself: not twice. `fmt.continue_last`: the last message is continued (above).
     """
     head, tail = (messages[:-1], messages[-1].content) if fmt.continue_last else (messages, "")
     opened = fmt.generation_prompt or fmt.continue_last
     if not source:
+        if fmt.variables:
+            raise RequestError(
+                f"{model} has no chat template (a base model gets a plain transcript), so "
+                f"chat_template_kwargs ({', '.join(sorted(fmt.variables))}) have nothing to "
+                "reach",
+                "leave chat_template_kwargs out for this model",
+            )
         turns = [f"{m.role.capitalize()}: {m.content}" for m in head]
         if fmt.continue_last:
             return "\n\n".join([*turns, f"Assistant: {tail}"])
