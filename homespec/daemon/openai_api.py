@@ -53,14 +53,12 @@ EXTENSIONS: dict[str, Callable[[Any], bool]] = {
     "top_n_sigma": lambda v: v is None or (isinstance(v, int | float) and v <= 0),
     "ignore_eos": _off(False),
     "min_tokens": _off(0),
-    "n_probs": _off(0),
     "top_a": _off(0, 0.0),
     "smoothing_factor": _off(0, 0.0),
     "epsilon_cutoff": _off(0, 0.0),
     "eta_cutoff": _off(0, 0.0),
     "no_repeat_ngram_size": _off(0),
     "use_beam_search": _off(False),
-    "top_logprobs": _off(0),
     "grammar": lambda v: not v,
     "json_schema": lambda v: not v,
     "guided_json": lambda v: not v,
@@ -69,9 +67,10 @@ EXTENSIONS: dict[str, Callable[[Any], bool]] = {
     "guided_grammar": lambda v: not v,
 }
 
-# OpenAI's own fields for what a text-only server of plain models does not do, each with the
-# values that ask for nothing and what to do instead; an answer made without them would pass
-# for one made with them (an audio reply, a web search, a steered reasoning or length).
+# OpenAI's own fields (and llama.cpp's n_probs) for what a text-only server of plain models does
+# not do, each with the values that ask for nothing and what to do instead; an answer made
+# without them would pass for one made with them (an audio reply, a web search, a steered
+# reasoning or length, probabilities a client would read as none).
 OPENAI_ELSEWHERE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "modalities": (
         lambda v: v is None or (isinstance(v, list) and set(v) <= {"text"}),
@@ -86,6 +85,8 @@ OPENAI_ELSEWHERE: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: v is None,
         "homespec does not steer a model's reasoning: leave it out",
     ),
+    "top_logprobs": (_off(0), "homespec returns no log-probabilities: leave it out"),
+    "n_probs": (_off(0), "homespec returns no probabilities: leave it out"),  # llama.cpp's
     "verbosity": (
         lambda v: v is None,
         "homespec does not steer an answer's length: leave it out (max_tokens caps it)",
