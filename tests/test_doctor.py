@@ -79,7 +79,7 @@ def test_doctor_says_what_a_cpu_pair_runs_its_attention_with(
     assert "  cpu     not measured yet: the first load times flash attention and batch sizes" in out
     entry = {
         "on": False,
-        "why": "flash attention off: a request took 1.17× the time without it",
+        "why": "flash attention off: with it a request took 1.17× its time without",
         "n_batch": 128,
         "batch_why": "128-token batches: a prompt of 800 tokens took 0.83× the time",
     }

@@ -109,7 +109,7 @@ def decide(off: Costs, on: Costs) -> tuple[bool, str]:
     """Flash attention or not, from the same costs measured both ways."""
     ratio = request_ms(on) / request_ms(off)
     parts = ", ".join(f"{k} {on[k] / off[k]:.2f}×" for k in ("prompt", "decode", "verify"))
-    said = f"a request took {ratio:.2f}× the time without it ({parts})"
+    said = f"with it a request took {ratio:.2f}× its time without ({parts})"
     if ratio <= 1 - MARGIN:
         return True, f"flash attention on: {said}"
     return False, f"flash attention off: {said}"
