@@ -239,6 +239,15 @@ def test_a_seed_of_minus_one_is_llama_cpps_fresh_seed_and_other_negatives_are_re
         ChatCompletionRequest.model_validate(chat(seed=-2))
 
 
+def test_a_top_k_of_minus_one_is_vllms_no_top_k_and_other_negatives_are_refused() -> None:
+    """vLLM clients send -1 for "every token": off, and so over models.toml's own top_k
+    (None would fall back to it)."""
+    assert ChatCompletionRequest.model_validate(chat(top_k=-1)).to_generation(5).top_k == 0
+    assert ChatCompletionRequest.model_validate(chat(top_k=40)).to_generation(5).top_k == 40
+    with pytest.raises(ValidationError, match=r"top_k -2: send 1 or more, or 0 or -1"):
+        ChatCompletionRequest.model_validate(chat(top_k=-2))
+
+
 def _rendering(messages: list[dict[str, str]], **extra: Any) -> ChatFormat:
     return ChatCompletionRequest.model_validate({"messages": messages, **extra}).chat_format()
 

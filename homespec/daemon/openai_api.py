@@ -276,6 +276,16 @@ class _Common(BaseModel):
             raise ValueError(f"seed {v}: send 0 or more, or -1 (or nothing) for a fresh one")
         return v
 
+    @field_validator("top_k", mode="before")
+    @classmethod
+    def _all_tokens(cls, v: Any) -> Any:
+        """-1 is vLLM's (and llama.cpp's) "no top-k", homespec's 0: off, over models.toml's."""
+        if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+            if v == -1:
+                return 0
+            raise ValueError(f"top_k {v}: send 1 or more, or 0 or -1 for no top-k")
+        return v
+
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
