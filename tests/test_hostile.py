@@ -143,7 +143,7 @@ BODIES = [
         headers={"content-type": "application/json"},
     ),
     Bad("top_p above 1", 400, "top_p", body=chat(top_p=2)),
-    Bad("top_k negative", 400, "top_k", body=chat(top_k=-1)),
+    Bad("top_k negative", 400, "top_k", body=chat(top_k=-3)),
     Bad("seed a word", 400, "seed", body=chat(seed="abc")),
     Bad("stream a word", 400, "stream", body=chat(stream="maybe")),
     Bad("stop not strings", 400, "stop", body=chat(stop=[1, 2])),

@@ -152,8 +152,8 @@ def test_completion_fields_that_ask_for_nothing_are_accepted() -> None:
         ({"top_a": 0.2}, "top_a=0.2"),
         ({"use_beam_search": True}, "use_beam_search=true"),
         ({"min_tokens": 10}, "min_tokens"),
-        ({"top_logprobs": 3}, "top_logprobs=3 is not supported: homespec returns no log-prob"),
-        ({"n_probs": 3}, "n_probs=3 is not supported: homespec returns no probabilities"),
+        ({"top_logprobs": 3}, "top_logprobs=3 is not supported: homespec returns no token prob"),
+        ({"n_probs": 3}, "n_probs=3 is not supported: homespec returns no token probabilities"),
         ({"repeat_penalty": [1, 2]}, "repeat_penalty=[1, 2]"),
         ({"min_p": 1.5}, "min_p"),
         ({"n_predict": 0}, "n_predict 0"),
@@ -164,6 +164,23 @@ def test_completion_fields_that_ask_for_nothing_are_accepted() -> None:
         ({"web_search_options": {}}, "web_search_options={}"),
         ({"reasoning_effort": "low"}, 'reasoning_effort="low"'),
         ({"verbosity": "high"}, 'verbosity="high"'),
+        # llama.cpp's and vLLM's, for what homespec does not do
+        ({"t_max_predict_ms": 500}, "t_max_predict_ms=500 is not supported: homespec does not cut"),
+        ({"n_indent": 4}, "n_indent=4"),
+        ({"n_cmpl": 2}, "n_cmpl=2 is not supported: homespec answers one choice"),
+        ({"lora": [{"id": 0, "scale": 1.0}]}, "lora="),
+        ({"min_keep": 5}, "min_keep=5"),
+        ({"adaptive_target": 0.5}, "adaptive_target=0.5"),
+        ({"include_stop_str_in_output": True}, "include_stop_str_in_output=true"),
+        ({"skip_special_tokens": False}, "skip_special_tokens=false"),
+        ({"stop_token_ids": [2]}, "stop_token_ids=[2] is not supported: send stop strings"),
+        ({"bad_words": ["x"]}, 'bad_words=["x"]'),
+        ({"allowed_token_ids": [1, 2]}, "allowed_token_ids="),
+        ({"prompt_logprobs": 0}, "prompt_logprobs=0"),
+        ({"truncate_prompt_tokens": 5}, "truncate_prompt_tokens=5"),
+        ({"chat_template": "{{ messages }}"}, 'chat_template="{{ messages }}"'),
+        ({"documents": [{"text": "x"}]}, "documents="),
+        ({"reasoning_budget_tokens": 0}, "reasoning_budget_tokens=0"),
         ({"modalities": [{"type": "text"}]}, 'modalities=[{"type": "text"}]'),
     ],
 )
@@ -182,8 +199,17 @@ def test_min_p_and_n_predict_are_honoured() -> None:
     assert (gen.min_p, gen.max_tokens) == (0.1, 12)
     raw = CompletionRequest.model_validate({"prompt": "x", "n_predict": 7})
     assert raw.to_generation(default_max_tokens=99).max_tokens == 7
-    # -1 is llama.cpp's "no cap": the daemon's default applies
+    # -1 is llama.cpp's "no cap", under either name: the daemon's default applies
     assert ChatCompletionRequest.model_validate(chat(n_predict=-1)).asked_tokens() is None
+    for name in ("max_tokens", "max_completion_tokens"):
+        unset = ChatCompletionRequest.model_validate(chat(**{name: -1}))
+        assert unset.asked_tokens() is None
+        assert unset.to_generation(default_max_tokens=99).max_tokens == 99
+    assert (
+        CompletionRequest.model_validate({"prompt": "x", "max_tokens": -1}).asked_tokens() is None
+    )
+    with pytest.raises(ValidationError, match="max_tokens"):
+        ChatCompletionRequest.model_validate(chat(max_tokens=-2))
     same = ChatCompletionRequest.model_validate(chat(n_predict=6, max_tokens=6))
     assert same.to_generation(default_max_tokens=99).max_tokens == 6
 
@@ -216,6 +242,20 @@ def test_fields_that_ask_for_nothing_are_accepted() -> None:
             n_probs=0,
             cache_prompt=True,
             samplers=["top_k", "top_p", "min_p", "temperature"],
+            adaptive_target=-1.0,
+            min_keep=0,
+            n_indent=0,
+            n_cmpl=1,
+            t_max_predict_ms=-1,
+            reasoning_budget_tokens=-1,
+            lora=[],
+            # vLLM's defaults
+            top_k=-1,
+            include_stop_str_in_output=False,
+            skip_special_tokens=True,
+            stop_token_ids=[],
+            bad_words=None,
+            chat_template=None,
         )
     )
     assert body.to_generation(default_max_tokens=5).max_tokens == 5

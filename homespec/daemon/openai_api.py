@@ -2,96 +2,36 @@
 
 Only what homespec can honour is accepted; OpenAI fields it cannot honour in a way that would
 change the answer (n > 1, tools, logprobs, penalties, logit_bias, a response_format other than
-text, image parts; audio, web search, reasoning effort, verbosity: `OPENAI_ELSEWHERE`; for
-completions echo, suffix, best_of > 1, token-id prompts) are refused with a 400 that names
-them, and fields that cannot change the answer (user, metadata, a zero penalty, ...) are
-ignored. The sampling extensions other local servers take (llama.cpp's `grammar`, `mirostat`,
-`repeat_penalty`, vLLM's `guided_json`, ...: `EXTENSIONS`) are refused too unless they ask for
-nothing: a client moved over from one of them keeps its settings, and an answer made without
-them must not pass for one made with them. Honoured beyond OpenAI's own: `top_k`,
-`min_p`, and llama.cpp's `n_predict` (its name for max_tokens). `prediction` (OpenAI's
-Predicted Outputs: the answer as the client expects it) is drafted from, on completions too,
-and usage reports how much of it was kept. `stream_options.include_usage` streams the usage in
-a chunk of its own, as OpenAI does (without it, the finish chunk carries it). A boolean where
-a number goes (`max_tokens: true`) is refused, not read as 1. The extras homespec adds:
-`speculative` (true | false | "auto"), `task`, `draft_tokens`, `drafter`.
+text, image parts; audio, web search, reasoning effort, verbosity; for completions echo,
+suffix, best_of > 1, token-id prompts) are refused with a 400 that names them, and fields that
+cannot change the answer (user, metadata, a zero penalty, ...) are ignored. Other local
+servers' fields that change the answer (llama.cpp's `grammar`, `mirostat`, `t_max_predict_ms`,
+vLLM's `guided_json`, `stop_token_ids`, ...) are refused too unless they ask for nothing
+(refused_fields.py). Honoured beyond OpenAI's own: `top_k`, `min_p`, and llama.cpp's
+`n_predict` (its name for max_tokens). `prediction` (OpenAI's Predicted Outputs: the answer as
+the client expects it) is drafted from, on completions too, and usage reports how much of it
+was kept. `stream_options.include_usage` streams the usage in a chunk of its own, as OpenAI
+does (without it, the finish chunk carries it). A boolean where a number goes
+(`max_tokens: true`) is refused, not read as 1. The extras homespec adds: `speculative`
+(true | false | "auto"), `task`, `draft_tokens`, `drafter`.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
 from types import UnionType
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from homespec.daemon import refused_fields
 from homespec.engine import chat_template
 from homespec.engine.types import EMPTY_STOP, ChatFormat, GenerationRequest, Message
 from homespec.manifest import MAX_DRAFT_TOKENS
 from homespec.vocab import Drafter
 
 Speculative = bool | Literal["auto"]
-
-
-def _off(*neutral: Any) -> Callable[[Any], bool]:
-    return lambda v: v is None or v in neutral
-
-
-# Other servers' sampling fields that change the answer, each with the values that ask for
-# nothing (what those servers take as "off"); anything else is refused by name.
-EXTENSIONS: dict[str, Callable[[Any], bool]] = {
-    "repeat_penalty": _off(1, 1.0),
-    "repetition_penalty": _off(1, 1.0),
-    "typical_p": _off(1, 1.0),
-    "tfs_z": _off(1, 1.0),
-    "mirostat": _off(0, False),
-    "dry_multiplier": _off(0, 0.0),
-    "xtc_probability": _off(0, 0.0),
-    "dynatemp_range": _off(0, 0.0),
-    "top_n_sigma": lambda v: v is None or (isinstance(v, int | float) and v <= 0),
-    "ignore_eos": _off(False),
-    "min_tokens": _off(0),
-    "top_a": _off(0, 0.0),
-    "smoothing_factor": _off(0, 0.0),
-    "epsilon_cutoff": _off(0, 0.0),
-    "eta_cutoff": _off(0, 0.0),
-    "no_repeat_ngram_size": _off(0),
-    "use_beam_search": _off(False),
-    "grammar": lambda v: not v,
-    "json_schema": lambda v: not v,
-    "guided_json": lambda v: not v,
-    "guided_regex": lambda v: not v,
-    "guided_choice": lambda v: not v,
-    "guided_grammar": lambda v: not v,
-}
-
-# OpenAI's own fields (and llama.cpp's n_probs) for what a text-only server of plain models does
-# not do, each with the values that ask for nothing and what to do instead; an answer made
-# without them would pass for one made with them (an audio reply, a web search, a steered
-# reasoning or length, probabilities a client would read as none).
-OPENAI_ELSEWHERE: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "modalities": (
-        lambda v: v is None or (isinstance(v, list) and set(v) <= {"text"}),
-        'homespec answers in text only: send ["text"] or leave it out',
-    ),
-    "audio": (lambda v: v is None, "homespec answers in text only: leave it out"),
-    "web_search_options": (
-        lambda v: v is None,
-        "homespec answers from the model alone, without searching: leave it out",
-    ),
-    "reasoning_effort": (
-        lambda v: v is None,
-        "homespec does not steer a model's reasoning: leave it out",
-    ),
-    "top_logprobs": (_off(0), "homespec returns no log-probabilities: leave it out"),
-    "n_probs": (_off(0), "homespec returns no probabilities: leave it out"),  # llama.cpp's
-    "verbosity": (
-        lambda v: v is None,
-        "homespec does not steer an answer's length: leave it out (max_tokens caps it)",
-    ),
-}
 
 
 class ContentPart(BaseModel):
@@ -219,21 +159,9 @@ class _Common(BaseModel):
             for name in _numbers(cls):
                 if isinstance(data.get(name), bool):  # JSON true is no count or temperature
                     raise ValueError(f"{name}={json.dumps(data[name])} is not a number: send one")
-            sampler = (
-                " (homespec samples with temperature, top_p, top_k and min_p only): leave it out"
-            )
-            checks = [(name, nothing, sampler) for name, nothing in EXTENSIONS.items()]
-            checks += [
-                (name, nothing, f": {why}") for name, (nothing, why) in OPENAI_ELSEWHERE.items()
-            ]
-            for name, asks_nothing, instead in checks:
-                value = data.get(name)
-                try:
-                    neutral = asks_nothing(value)
-                except TypeError:  # unhashable: a list or an object where a number or string goes
-                    neutral = False
-                if not neutral:
-                    raise ValueError(f"{name}={json.dumps(value)[:80]} is not supported{instead}")
+            refused = refused_fields.refusal(data)
+            if refused:
+                raise ValueError(refused)
         return data
 
     model: str | None = None
@@ -275,6 +203,13 @@ class _Common(BaseModel):
                 return None
             raise ValueError(f"seed {v}: send 0 or more, or -1 (or nothing) for a fresh one")
         return v
+
+    @field_validator("max_tokens", "max_completion_tokens", mode="before", check_fields=False)
+    @classmethod
+    def _no_cap(cls, v: Any) -> Any:
+        """-1 is llama.cpp's "no cap" (there max_tokens is n_predict's alias): the daemon's
+        default cap applies, as for a request without one."""
+        return None if isinstance(v, int) and not isinstance(v, bool) and v == -1 else v
 
     @field_validator("top_k", mode="before")
     @classmethod
