@@ -193,6 +193,19 @@ def test_other_servers_sampling_fields_are_refused_by_name_unless_they_ask_for_n
         ChatCompletionRequest.model_validate(chat(**extra))
 
 
+def test_null_is_the_default_for_every_optional_field() -> None:
+    """OpenAI takes `"n": null`, `"stream": null` as the defaults; clients that write every
+    field of their own request model send them (they were 400s)."""
+    body = ChatCompletionRequest.model_validate(
+        chat(n=None, stream=None, speculative=None, stop=None, temperature=None, seed=None)
+    )
+    assert (body.n, body.stream, body.speculative) == (1, False, "auto")
+    raw = CompletionRequest.model_validate({"prompt": "x", "echo": None, "n": None})
+    assert (raw.echo, raw.n, raw.stream) == (False, 1, False)
+    with pytest.raises(ValidationError, match="prompt"):  # required: no default to take
+        CompletionRequest.model_validate({"prompt": None})
+
+
 def test_min_p_and_n_predict_are_honoured() -> None:
     req = ChatCompletionRequest.model_validate(chat(min_p=0.1, n_predict=12))
     gen = req.to_generation(default_max_tokens=99)

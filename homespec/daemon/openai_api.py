@@ -146,6 +146,17 @@ def _numbers(model: type[BaseModel]) -> tuple[str, ...]:
     return tuple(out)
 
 
+@functools.cache
+def _defaulted(model: type[BaseModel]) -> frozenset[str]:
+    """The optional fields of `model` whose default is not None (`n`, `stream`, ...): OpenAI
+    takes null for them as "the default", and clients that write every field send it."""
+    return frozenset(
+        name
+        for name, field in model.model_fields.items()
+        if not field.is_required() and field.default is not None
+    )
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -162,6 +173,8 @@ class _Common(BaseModel):
             refused = refused_fields.refusal(data)
             if refused:
                 raise ValueError(refused)
+            nulls = {k for k, v in data.items() if v is None} & _defaulted(cls)
+            data = {k: v for k, v in data.items() if k not in nulls}
         return data
 
     model: str | None = None
