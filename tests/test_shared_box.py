@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from homespec.cli import cli
-from homespec.daemon.app import Throttle
+from homespec.daemon.middleware import Throttle
 from homespec.daemon.service import without_paths
 from tests.conftest import write_tiny_gguf
 from tests.daemon_process import (

@@ -8,13 +8,10 @@ are no module-level globals. Client mistakes get a 4xx with OpenAI's error envel
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-import math
 import signal
 import time
-from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, Literal
 
@@ -24,10 +21,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from homespec import __version__, heap
 from homespec.daemon import cors, rpc_watch
+from homespec.daemon.middleware import (
+    BodyLimit,
+    CountRefusals,
+    Gate,
+    allowed_hosts,
+    error_response,
+)
 from homespec.daemon.openai_api import ChatCompletionRequest, CompletionRequest
 from homespec.daemon.openai_responses import SSE_DONE, Envelope, error_body, homespec_extra, sse
 from homespec.daemon.outcome import Outcome
@@ -43,48 +46,9 @@ from homespec.errors import (
 from homespec.resources import Machine, probe_machine
 
 LOG = logging.getLogger("homespec.daemon")
-OPEN_PATHS = ("/health",)
 # A non-streamed answer is read whole: its chunks come from the engine this often, which is
 # also how soon a client that left is noticed (checked as each batch arrives).
 UNSTREAMED_BATCH_S = 0.1
-
-
-def _error(
-    status: int,
-    message: str,
-    type_: str,
-    headers: Mapping[str, str] | None = None,
-    param: str | None = None,
-) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, param), status_code=status, headers=headers)
-
-
-class BodyLimit:
-    """413 for a request body over `limit` bytes, declared or streamed."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        too_big = _error(413, f"request body over {self.limit} bytes", "invalid_request_error")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await too_big(scope, receive, send)
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise HTTPException(413, f"request body over {self.limit} bytes")
-            return message
-
-        await self.app(scope, limited, send)
 
 
 def _http_detail(exc: HTTPException) -> str:
@@ -98,138 +62,6 @@ def _http_detail(exc: HTTPException) -> str:
     if cause is not None and exc.status_code == 400:
         return f"the body could not be read as JSON ({type(cause).__name__}: {cause})"
     return str(exc.detail)
-
-
-def allowed_hosts(config: DaemonConfig) -> frozenset[str]:
-    """Host header values a daemon without an API key answers: the names of loopback, the
-    address it is bound to, and `[server] allowed_hosts`."""
-    extra = config.manifest.spec.server.allowed_hosts
-    return frozenset({"127.0.0.1", "localhost", "::1", config.host.lower(), *extra})
-
-
-def host_name(header: str) -> str:
-    """`[::1]:8080` → `::1`, `localhost:8080` → `localhost`."""
-    if header.startswith("["):
-        return header[1:].partition("]")[0].lower()
-    return header.rpartition(":")[0].lower() if header.count(":") == 1 else header.lower()
-
-
-class Throttle:
-    """Wrong API keys per client address: after MAX_FAILS in WINDOW_S seconds, that address
-    gets a 429 with Retry-After until the oldest failure ages out. The right key is checked
-    first and always passes, so a guesser next door never locks out the owner."""
-
-    MAX_FAILS, WINDOW_S, MAX_ADDRESSES = 10, 60.0, 4096
-
-    def __init__(self) -> None:
-        self._fails: dict[str, deque[float]] = {}
-
-    def retry_after(self, addr: str, now: float) -> int:
-        """Seconds this address must wait (0: it may try)."""
-        fails = self._fails.get(addr)
-        while fails and fails[0] <= now - self.WINDOW_S:
-            fails.popleft()
-        if not fails or len(fails) < self.MAX_FAILS:
-            return 0
-        return max(1, math.ceil(fails[0] + self.WINDOW_S - now))
-
-    def failed(self, addr: str, now: float) -> None:
-        if addr not in self._fails and len(self._fails) >= self.MAX_ADDRESSES:
-            self._fails.pop(next(iter(self._fails)))  # the longest-known address goes first
-        self._fails.setdefault(addr, deque(maxlen=self.MAX_FAILS)).append(now)
-
-
-class Gate:
-    """Who may talk to the daemon, as plain ASGI: Starlette's BaseHTTPMiddleware kept a
-    request generating after its client had left, so nothing here wraps the response.
-
-    - With an API key: every path but /health needs it, as `Authorization: Bearer KEY` (the
-      scheme in any case) or `X-API-Key: KEY`. /health answers without it, with less detail.
-      Repeated wrong keys from one address are slowed (`Throttle`).
-    - Without one (the daemon then listens on loopback only): a Host header that names
-      another site gets a 421, so a web page cannot reach the models through DNS rebinding.
-    """
-
-    def __init__(self, app: ASGIApp, key: str | None, hosts: frozenset[str]) -> None:
-        self.app, self.key, self.hosts = app, key, hosts
-        self.throttle = Throttle()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        refusal: JSONResponse | None = None
-        trusted = True  # the caller may see everything (paths in /health included)
-        if self.key is None:
-            host = headers.get("host", "")
-            if host and host_name(host) not in self.hosts:
-                refusal = _error(
-                    421,
-                    f"Host {host!r} is not a name of this daemon (add it to [server] "
-                    "allowed_hosts, or set an API key)",
-                    "invalid_request_error",
-                )
-        else:
-            scheme, _, token = headers.get("authorization", "").partition(" ")
-            given = token.strip() if scheme.lower() == "bearer" else ""
-            given = given or headers.get("x-api-key", "")
-            trusted = hmac.compare_digest(given.encode(), self.key.encode())
-            addr = (scope.get("client") or ("?", 0))[0]
-            now = time.monotonic()
-            wait = 0 if trusted or not given else self.throttle.retry_after(addr, now)
-            if wait:
-                refusal = _error(
-                    429,
-                    "too many wrong API keys from this address: wait before trying again",
-                    "rate_limit_error",
-                    headers={"Retry-After": str(wait)},
-                )
-            elif not trusted and scope["path"] not in OPEN_PATHS:
-                if given:
-                    self.throttle.failed(addr, now)
-                refusal = _error(
-                    401,
-                    "missing or wrong API key (Authorization: Bearer …)",
-                    "authentication_error",
-                )
-        if refusal is not None:
-            await refusal(scope, receive, send)
-            return
-        scope.setdefault("state", {})["trusted"] = trusted
-        await self.app(scope, receive, send)
-
-
-COUNTED = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
-
-
-class CountRefusals:
-    """Counts the completion requests answered with an error before any generation
-    (`Daemon.refused`): invalid bodies, unknown models, a full queue, a pair not ready, a
-    wrong API key, a prompt too long. They are not lines of the request log, which holds the
-    requests that ran, so without this an operator whose clients got 503s saw nothing.
-    Outermost, so the API-key gate's and the body limit's answers count too; a request the
-    endpoint admitted (`request.state.admitted`) ended in the log, whatever its status."""
-
-    def __init__(self, app: ASGIApp, daemon: Daemon) -> None:
-        self.app, self.daemon = app, daemon
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = COUNTED.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if endpoint is None:
-            await self.app(scope, receive, send)
-            return
-        status = 0
-
-        async def noting(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        await self.app(scope, receive, noting)
-        if status >= 400 and not scope.get("state", {}).get("admitted", False):
-            self.daemon.refused(endpoint, status)
 
 
 def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machine) -> FastAPI:
@@ -259,7 +91,7 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         kind = request.headers.get("content-type", "")
         if request.method == "POST" and "json" not in kind:
-            return _error(
+            return error_response(
                 400,
                 f"the body must be JSON, sent with content-type application/json "
                 f"(got {kind or 'no content-type'})",
@@ -275,17 +107,19 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
                 continue
             loc = ".".join(str(p) for p in err["loc"] if p != "body")
             problems.append(f"{loc or 'body'}: {err['msg'].removeprefix('Value error, ')}")
-        return _error(400, "invalid request: " + "; ".join(problems), "invalid_request_error")
+        return error_response(
+            400, "invalid request: " + "; ".join(problems), "invalid_request_error"
+        )
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(exc.status_code, _http_detail(exc), kind, headers=exc.headers)
+        return error_response(exc.status_code, _http_detail(exc), kind, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:
         LOG.exception("unhandled error on %s", request.url.path)
-        return _error(500, "internal error (logged by the daemon)", "server_error")
+        return error_response(500, "internal error (logged by the daemon)", "server_error")
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # uptime checkers often use HEAD
     async def health(request: Request) -> JSONResponse:
@@ -318,7 +152,7 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
         config was refused (the running one stays)."""
         result = await daemon.reload()
         if not result.ok:
-            return _error(400, result.summary(), "invalid_request_error")
+            return error_response(400, result.summary(), "invalid_request_error")
         return JSONResponse(result.to_dict())
 
     def model_card(name: str) -> dict[str, Any]:
@@ -359,7 +193,7 @@ def _refusal(exc: HomespecError) -> JSONResponse:
     """The error response for `exc`: its status, type and Retry-After come from errors.py."""
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
     param = "model" if isinstance(exc, UnknownModel) else None
-    return _error(exc.http_status, str(exc), exc.openai_type, headers, param=param)
+    return error_response(exc.http_status, str(exc), exc.openai_type, headers, param=param)
 
 
 async def _complete(
@@ -449,7 +283,7 @@ async def _complete(
         response.headers.update(headers)
         return response
     if stats is None:
-        return _error(499, "client disconnected", "cancelled", headers)
+        return error_response(499, "client disconnected", "cancelled", headers)
     payload = env.full("".join(text), stats, homespec_extra(stats, worker.name, notes))
     return JSONResponse(payload, headers=headers)
 

@@ -468,7 +468,7 @@ class PairWorker:
             raise
         finally:
             if outcome.status == "refused":
-                self.release()  # a 400, counted (app.CountRefusals), never logged
+                self.release()  # a 400, counted (middleware.CountRefusals), never logged
             elif outcome.status != "ok":
                 self._finish(outcome, on_done)
 
