@@ -301,6 +301,27 @@ def test_metrics_parse_with_prometheus_client(daemon: Daemon) -> None:
     assert modes["speculative"] == 1 and modes["plain"] == 0
 
 
+def test_llama_servers_paths_without_v1_answer_as_the_v1_ones(daemon: Daemon) -> None:
+    """A client given the server's address without /v1 (llama-server answers both) gets the
+    same API, its refusals counted the same; any other path gets a 404 listing the endpoints."""
+    r = daemon.post("/chat/completions", {"messages": user("hi"), "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+    r = daemon.post("/completions", {"prompt": "1, 2, 3,", "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"]
+    assert daemon.get("/models").json() == daemon.get("/v1/models").json()
+    assert daemon.get("/models/smollm2").json()["id"] == "smollm2"
+    before = daemon.get("/homespec/status").json()["refused"]
+    assert daemon.post("/chat/completions", {"messages": user("hi"), "n": 2}).status_code == 400
+    after = daemon.get("/homespec/status").json()["refused"]
+    assert after["400"] == before.get("400", 0) + 1
+    lost = daemon.post("/api/chat", {"messages": user("hi")})
+    assert lost.status_code == 404
+    assert (
+        "POST /api/chat: no such endpoint here: POST /v1/chat/completions"
+        in (lost.json()["error"]["message"])
+    )
+
+
 def test_status_and_report_cli_against_the_live_daemon(daemon: Daemon) -> None:
     runner = CliRunner()
     assert daemon.post(CHAT, {"messages": user("hi"), "n": 3}).status_code == 400

@@ -178,8 +178,14 @@ BODIES = [
     Bad("a prompt of token ids", 400, "prompt", path=COMPLETIONS, body={"prompt": [1, 2, 3]}),
     Bad("no prompt", 400, "prompt", path=COMPLETIONS, body={"max_tokens": 4}),
     # the wrong door
-    Bad("GET on chat completions", 405, "Method Not Allowed", method="GET"),
-    Bad("an unknown path", 404, "Not Found", path="/v1/nothing", body=chat()),
+    Bad("GET on chat completions", 405, "/v1/chat/completions takes POST, not GET", method="GET"),
+    Bad(
+        "an unknown path",
+        404,
+        "POST /v1/nothing: no such endpoint here: POST /v1/chat/completions",
+        path="/v1/nothing",
+        body=chat(),
+    ),
 ]
 
 

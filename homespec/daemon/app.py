@@ -49,6 +49,10 @@ LOG = logging.getLogger("homespec.daemon")
 # A non-streamed answer is read whole: its chunks come from the engine this often, which is
 # also how soon a client that left is noticed (checked as each batch arrives).
 UNSTREAMED_BATCH_S = 0.1
+ENDPOINTS = (
+    "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, "
+    "GET /metrics, GET /homespec/status (the OpenAI ones also without /v1, as llama-server)"
+)
 
 
 def _http_detail(exc: HTTPException) -> str:
@@ -114,7 +118,13 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(exc.status_code, _http_detail(exc), kind, headers=exc.headers)
+        said, path = _http_detail(exc), request.url.path
+        if exc.status_code == 404 and said == "Not Found":
+            said = f"{request.method} {path}: no such endpoint here: {ENDPOINTS}"
+        elif exc.status_code == 405 and said == "Method Not Allowed":
+            allowed = (exc.headers or {}).get("Allow", "another method")
+            said = f"{path} takes {allowed}, not {request.method}"
+        return error_response(exc.status_code, said, kind, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:
@@ -166,10 +176,12 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
         }
 
     @app.get("/v1/models")
+    @app.get("/models", include_in_schema=False)  # llama-server's paths without /v1, too
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [model_card(name) for name in daemon.workers]}
 
     @app.get("/v1/models/{model}", response_model=None)
+    @app.get("/models/{model}", response_model=None, include_in_schema=False)
     async def model(model: str) -> dict[str, Any] | JSONResponse:
         """One pair, as OpenAI's `models.retrieve` asks for it. Only a loaded pair's own name:
         that `unknown_model` sends other names to the default pair is a rule for requests."""
@@ -179,10 +191,12 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
         return _refusal(UnknownModel(f"no pair named {model!r} is loaded", f"loaded: {known}"))
 
     @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/chat/completions", response_model=None, include_in_schema=False)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         return await _complete(daemon, "chat", body, request)
 
     @app.post("/v1/completions", response_model=None)
+    @app.post("/completions", response_model=None, include_in_schema=False)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _complete(daemon, "text", body, request)
 

@@ -161,7 +161,14 @@ class Gate:
         await self.app(scope, receive, send)
 
 
-COUNTED = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
+COUNTED = {
+    path: endpoint
+    for endpoint, paths in (
+        ("chat.completions", ("/v1/chat/completions", "/chat/completions")),
+        ("completions", ("/v1/completions", "/completions")),
+    )
+    for path in paths
+}
 
 
 class CountRefusals:
