@@ -51,7 +51,7 @@ LOG = logging.getLogger("homespec.daemon")
 UNSTREAMED_BATCH_S = 0.1
 ENDPOINTS = (
     "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, "
-    "GET /metrics, GET /homespec/status (the OpenAI ones also without /v1, as llama-server)"
+    "GET /metrics, GET /homespec/status (the OpenAI ones also without /v1, as llama-server's)"
 )
 
 
