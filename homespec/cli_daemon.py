@@ -48,12 +48,12 @@ def serve(
 
     The target loads first and serves plain decoding as soon as it is ready; the draft loads
     after and the pair turns speculative when it is attached (/health shows both). Endpoints:
-    POST /v1/chat/completions and /v1/completions (stream or not; extras "speculative",
-    "task", "draft_tokens"; stats in a "homespec" object), GET /v1/models, /health, /metrics,
-    /homespec/status. Every request that runs is a line in requests.jsonl (one refused before
-    it ran is counted: /metrics, `homespec status`). Under systemd (Type=notify)
-    it reports READY=1 once the target serves; SIGTERM drains in-flight requests, then unloads;
-    SIGHUP (or `homespec reload`) re-reads models.toml.
+    POST /v1/chat/completions and /v1/completions (stream or not; extras "speculative", "task",
+    "draft_tokens"; stats in a "homespec" object), GET /v1/models (the three also without /v1,
+    as llama-server's), /health, /metrics, /homespec/status. Every request that runs is a line
+    in requests.jsonl (one refused before it ran is counted: /metrics, `homespec status`). Under
+    systemd (Type=notify) it reports READY=1 once the target serves; SIGTERM drains in-flight
+    requests, then unloads; SIGHUP (or `homespec reload`) re-reads models.toml.
     """
     from homespec.daemon.serve import build, run
     from homespec.manifest import load_manifest
