@@ -200,6 +200,8 @@ def test_null_is_the_default_for_every_optional_field() -> None:
         chat(n=None, stream=None, speculative=None, stop=None, temperature=None, seed=None)
     )
     assert (body.n, body.stream, body.speculative) == (1, False, "auto")
+    opts = ChatCompletionRequest.model_validate(chat(stream_options={"include_usage": None}))
+    assert opts.stream_options is not None and opts.stream_options.include_usage is False
     raw = CompletionRequest.model_validate({"prompt": "x", "echo": None, "n": None})
     assert (raw.echo, raw.n, raw.stream) == (False, 1, False)
     with pytest.raises(ValidationError, match="prompt"):  # required: no default to take

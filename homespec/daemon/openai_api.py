@@ -92,6 +92,11 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
 
+    @field_validator("include_usage", mode="before")
+    @classmethod
+    def _null_is_no(cls, v: Any) -> Any:
+        return False if v is None else v
+
 
 class PredictedContent(_Text):
     """OpenAI's `prediction`: text the answer is expected to read like, to draft from."""
