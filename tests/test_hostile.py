@@ -147,7 +147,12 @@ BODIES = [
     Bad("seed a word", 400, "seed", body=chat(seed="abc")),
     Bad("stream a word", 400, "stream", body=chat(stream="maybe")),
     Bad("stop not strings", 400, "stop", body=chat(stop=[1, 2])),
-    Bad("five stop strings", 400, "at most 4 stop strings, got 5", body=chat(stop=list("abcde"))),
+    Bad(
+        "seventeen stop strings",
+        400,
+        "at most 16 stop strings, got 17",
+        body=chat(stop=[f"s{i}" for i in range(17)]),
+    ),
     Bad("an empty stop string", 400, "stop string is empty", body=chat(stop="")),
     Bad("an empty stop in a list", 400, "stop string is empty", body=chat(stop=["a", ""])),
     # OpenAI fields homespec cannot honour

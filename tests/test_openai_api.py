@@ -193,6 +193,11 @@ def test_other_servers_sampling_fields_are_refused_by_name_unless_they_ask_for_n
         ChatCompletionRequest.model_validate(chat(**extra))
 
 
+def test_more_stop_strings_than_openais_four_are_taken_as_llama_server_takes_them() -> None:
+    stops = [f"END{i}" for i in range(16)]
+    assert ChatCompletionRequest.model_validate(chat(stop=stops)).to_generation(5).stop == stops
+
+
 def test_null_is_the_default_for_every_optional_field() -> None:
     """OpenAI takes `"n": null`, `"stream": null` as the defaults; clients that write every
     field of their own request model send them (they were 400s)."""

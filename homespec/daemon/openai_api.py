@@ -32,6 +32,9 @@ from homespec.manifest import MAX_DRAFT_TOKENS
 from homespec.vocab import Drafter
 
 Speculative = bool | Literal["auto"]
+# OpenAI takes 4 stop strings; llama-server and vLLM any number, and clients moved over from
+# them send more (each is checked at every token: engine/textstream.py).
+MAX_STOPS = 16
 
 
 class ContentPart(BaseModel):
@@ -243,8 +246,8 @@ class _Common(BaseModel):
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
         stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > 4:
-            raise ValueError(f"at most 4 stop strings, got {len(stops)}")
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
         if any(not s for s in stops):
             raise ValueError(EMPTY_STOP)
         return v
