@@ -89,16 +89,35 @@ class ChatMessage(_Text):
         return data
 
 
-class StreamOptions(BaseModel):
-    """OpenAI's `stream_options`: `include_usage` asks for usage in a chunk of its own."""
+@functools.cache
+def _defaulted(model: type[BaseModel]) -> frozenset[str]:
+    """The optional fields of `model` whose default is not None (`n`, `stream`, ...)."""
+    return frozenset(
+        name
+        for name, field in model.model_fields.items()
+        if not field.is_required() and field.default is not None
+    )
+
+
+class _NullIsDefault(BaseModel):
+    """A body whose optional fields take null as their default, as OpenAI does: clients that
+    write every field of their own request model send `"n": null`, `"stream": null`, ..."""
 
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
 
-    @field_validator("include_usage", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _null_is_no(cls, v: Any) -> Any:
-        return False if v is None else v
+    def _nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            nulls = {k for k, v in data.items() if v is None} & _defaulted(cls)
+            data = {k: v for k, v in data.items() if k not in nulls}
+        return data
+
+
+class StreamOptions(_NullIsDefault):
+    """OpenAI's `stream_options`: `include_usage` asks for usage in a chunk of its own."""
+
+    include_usage: bool = False
 
 
 class PredictedContent(_Text):
@@ -154,20 +173,7 @@ def _numbers(model: type[BaseModel]) -> tuple[str, ...]:
     return tuple(out)
 
 
-@functools.cache
-def _defaulted(model: type[BaseModel]) -> frozenset[str]:
-    """The optional fields of `model` whose default is not None (`n`, `stream`, ...): OpenAI
-    takes null for them as "the default", and clients that write every field send it."""
-    return frozenset(
-        name
-        for name, field in model.model_fields.items()
-        if not field.is_required() and field.default is not None
-    )
-
-
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class _Common(_NullIsDefault):
     @model_validator(mode="before")
     @classmethod
     def _text_only(cls, data: Any) -> Any:
@@ -181,8 +187,6 @@ class _Common(BaseModel):
             refused = refused_fields.refusal(data)
             if refused:
                 raise ValueError(refused)
-            nulls = {k for k, v in data.items() if v is None} & _defaulted(cls)
-            data = {k: v for k, v in data.items() if k not in nulls}
         return data
 
     model: str | None = None

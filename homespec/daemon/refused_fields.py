@@ -127,11 +127,15 @@ ELSEWHERE: dict[str, tuple[Neutral, str]] = {
 }
 
 
+CHECKS = tuple(
+    [(name, nothing, SAMPLERS_INSTEAD) for name, nothing in SAMPLERS.items()]
+    + [(name, nothing, why) for name, (nothing, why) in ELSEWHERE.items()]
+)
+
+
 def refusal(data: dict[str, Any]) -> str:
     """Why a request body asks for what homespec does not do ("" when it does not)."""
-    checks = [(name, nothing, SAMPLERS_INSTEAD) for name, nothing in SAMPLERS.items()]
-    checks += [(name, nothing, why) for name, (nothing, why) in ELSEWHERE.items()]
-    for name, asks_nothing, instead in checks:
+    for name, asks_nothing, instead in CHECKS:
         value = data.get(name)
         try:
             neutral = asks_nothing(value)
