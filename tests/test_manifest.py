@@ -151,7 +151,7 @@ def test_the_shipped_manifests_server_block_shows_the_defaults_it_says_it_shows(
     ServerSpec defaults to: the example cannot drift from the code."""
     import tomllib
 
-    from homespec.manifest import ServerSpec
+    from homespec.manifest_box import ServerSpec
 
     lines = SHIPPED_MANIFEST.read_text().splitlines()
     start = lines.index("# [server]")
@@ -175,7 +175,7 @@ def test_the_shipped_manifests_server_block_shows_the_defaults_it_says_it_shows(
 def test_a_cors_origin_that_is_no_origin_is_refused_by_name(origins: list[str]) -> None:
     from pydantic import ValidationError
 
-    from homespec.manifest import ServerSpec
+    from homespec.manifest_box import ServerSpec
 
     with pytest.raises(ValidationError, match=r"cors_origins: .* is not an origin"):
         ServerSpec(cors_origins=origins)
