@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from dataclasses import replace
@@ -12,12 +13,13 @@ from typing import Any
 import pytest
 
 from homespec.engine.chat_template import InvalidTemplate, TemplateError, chat_prompt, render
-from homespec.engine.chat_text import chat_tokens, split_chat
+from homespec.engine.chat_text import PROMPT_FORMATS, chat_tokens, split_chat
 from homespec.engine.llama_backend import LlamaModel
 from homespec.engine.loader import LoadedPair
 from homespec.engine.types import PLAIN_CHAT, ChatFormat, GenerationRequest, Message
 from homespec.errors import RequestError
 from tests.fake_target import FakeVocab
+from tests.test_verify import run, runtime
 
 
 class TrimmingVocab(FakeVocab):
@@ -259,3 +261,25 @@ def test_kept_template_pieces_tokenize_as_llama_cpp_does_and_are_never_shared(
     assert (long, True) not in model._markup
     assert model.tokenize(long, special=True) == model._tokenize(long, special=True, bos=True)
     assert (long, True) not in model._markup
+
+
+class NoTemplateVocab(FakeVocab):
+    """A base model's: no chat template, so a chat gets a plain transcript."""
+
+    def has_chat_template(self) -> bool:
+        return False
+
+
+def test_a_base_models_transcript_is_logged_once_and_said_in_every_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rt = runtime()
+    rt.target.model = NoTemplateVocab()  # type: ignore[attr-defined]
+    req = GenerationRequest(messages=[Message("user", "hi")], max_tokens=4, speculative=False)
+    with caplog.at_level(logging.WARNING, logger="homespec.engine"):
+        answers = [run(rt, req)[1] for _ in range(3)]
+    assert all(s.prompt_format == PROMPT_FORMATS["transcript"] for s in answers)
+    said = [
+        r.getMessage() for r in caplog.records if PROMPT_FORMATS["transcript"] in r.getMessage()
+    ]
+    assert said == [f"pair p: {PROMPT_FORMATS['transcript']}; each answer's prompt_format says so"]

@@ -274,8 +274,11 @@ def _steps(
         accepted_per_position=[0] * (0 if decision.drafter == "auto" else decision.draft_tokens),
         prediction_tokens=predicted,
     )
-    if stats.prompt_format.startswith(PROMPT_FORMATS["transcript"]):
-        LOG.warning("pair %s: %s", rt.name, stats.prompt_format)
+    transcript = PROMPT_FORMATS["transcript"]
+    if stats.prompt_format.startswith(transcript) and transcript not in rt.warned:
+        # Once a pair: a bench of a base model printed it before each of its 70 answers
+        rt.warned.add(transcript)
+        LOG.warning("pair %s: %s; each answer's prompt_format says so", rt.name, transcript)
     stats.cached_tokens = rt.recall(history)
     text = TextStream(req.stop)
     model = rt.target.model

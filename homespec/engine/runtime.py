@@ -36,6 +36,9 @@ class PairRuntime:
     # within the pair's prompt_cache_mb each
     target_snapshots: PromptCache = field(init=False)
     draft_snapshots: PromptCache = field(init=False)
+    # Warnings the log has had for this pair: said once, not at every request (each request's
+    # stats still say theirs)
+    warned: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.target_snapshots = PromptCache(self.spec.prompt_cache_mb * MiB)
