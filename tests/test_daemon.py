@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -380,3 +381,35 @@ def test_a_keyless_daemon_answers_only_hosts_that_name_it(daemon: Daemon) -> Non
 def test_head_health_answers_like_get(daemon: Daemon) -> None:
     r = httpx.head(daemon.url + "/health", timeout=10)
     assert r.status_code == 200 and not r.content
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"temperature": 5}, "temperature"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_tokens": 100000}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "a\x00b"}]}, "messages[0].content"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_a_refused_field_is_named_in_the_errors_param(
+    daemon: Daemon, body: dict[str, Any], param: str
+) -> None:
+    """OpenAI's envelope names the offending field in `param`, which clients show (the openai
+    SDK's BadRequestError.param); the message names it too."""
+    r = daemon.post(CHAT, {"messages": user("x"), **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert param.split(".")[0].split("[")[0] in err["message"]
+
+
+def test_a_body_that_names_no_field_has_no_param(daemon: Daemon) -> None:
+    r = httpx.post(daemon.url + CHAT, content=b"{", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] is None

@@ -31,7 +31,7 @@ from homespec.daemon.middleware import (
     allowed_hosts,
     error_response,
 )
-from homespec.daemon.openai_api import ChatCompletionRequest, CompletionRequest
+from homespec.daemon.openai_api import ChatCompletionRequest, CompletionRequest, error_param
 from homespec.daemon.openai_responses import SSE_DONE, Envelope, error_body, homespec_extra, sse
 from homespec.daemon.outcome import Outcome
 from homespec.daemon.service import Daemon, DaemonConfig
@@ -101,7 +101,7 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
                 f"(got {kind or 'no content-type'})",
                 "invalid_request_error",
             )
-        problems = []
+        problems, params = [], []
         for err in exc.errors():
             if err["type"] == "json_invalid":
                 problems.append(f"the body is not valid JSON ({err['ctx'].get('error', '')})")
@@ -110,9 +110,14 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
                 problems.append("the body is empty: send the request as a JSON object")
                 continue
             loc = ".".join(str(p) for p in err["loc"] if p != "body")
-            problems.append(f"{loc or 'body'}: {err['msg'].removeprefix('Value error, ')}")
+            said = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{loc or 'body'}: {said}")
+            params.append(error_param(tuple(err["loc"]), said))
         return error_response(
-            400, "invalid request: " + "; ".join(problems), "invalid_request_error"
+            400,
+            "invalid request: " + "; ".join(problems),
+            "invalid_request_error",
+            param=next((p for p in params if p), None),
         )
 
     @app.exception_handler(HTTPException)
@@ -206,7 +211,10 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
 def _refusal(exc: HomespecError) -> JSONResponse:
     """The error response for `exc`: its status, type and Retry-After come from errors.py."""
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
-    param = "model" if isinstance(exc, UnknownModel) else None
+    if isinstance(exc, UnknownModel):
+        param: str | None = "model"
+    else:  # a client's mistake names its field first ("max_tokens 100000 is over ...")
+        param = error_param((), str(exc)) if isinstance(exc, RequestError) else None
     return error_response(exc.http_status, str(exc), exc.openai_type, headers, param=param)
 
 

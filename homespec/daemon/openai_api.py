@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from types import UnionType
 from typing import Any, Literal, get_args
 
@@ -259,16 +260,17 @@ class _Common(_NullIsDefault):
     @model_validator(mode="after")
     def _unsupported(self) -> _Common:
         if self.logprobs:
-            raise ValueError("logprobs are not supported")
+            raise ValueError(f"logprobs are not supported: {refused_fields.NO_PROBS}")
         if self.tools or self.functions:
-            raise ValueError("tools are not supported")
+            name = "tools" if self.tools else "functions"
+            raise ValueError(f"{name} are not supported (homespec has no tools): leave them out")
         if self.tool_choice not in (None, "none", "auto"):
             raise ValueError("tool_choice is not supported (homespec has no tools)")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise ValueError(f"{name} is not supported: send 0 or leave it out")
         if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
+            raise ValueError("logit_bias is not supported: leave it out")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             raise ValueError(
                 f"response_format {self.response_format.get('type')!r} is not supported "
@@ -429,3 +431,27 @@ def request_payload(req: GenerationRequest, pair: str | None) -> tuple[str, dict
         return "/v1/chat/completions", payload
     payload["prompt"] = req.prompt
     return "/v1/completions", payload
+
+
+# Every name a request body may hold or be refused for: what OpenAI's `param` may name.
+_FIELDS = (
+    frozenset(ChatCompletionRequest.model_fields)
+    | frozenset(CompletionRequest.model_fields)
+    | frozenset(name for name, _, _ in refused_fields.CHECKS)
+)
+_PATH = re.compile(r"[a-z_]+(?:\[\d+\])?(?:\.[a-z_]+)*")
+
+
+def error_param(loc: tuple[int | str, ...], message: str) -> str | None:
+    """OpenAI's `param` for a refused body: the field a validation error names, by its place
+    in the body (`messages.0.role`) or, for a rule over the whole body, by the name its
+    message starts with (`logprobs`, `top_logprobs=2 ...`, `messages[0].content holds ...`);
+    None where it names none. Clients show it beside the message (the openai SDK's
+    `BadRequestError.param`)."""
+    where = [str(p) for p in loc if p != "body"]
+    if where:
+        return ".".join(where)
+    head = _PATH.match(message)
+    if head and re.split(r"[\[.]", head.group())[0] in _FIELDS:
+        return head.group()
+    return None
