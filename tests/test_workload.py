@@ -31,6 +31,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-8.jsonl",
         "unseen-9.jsonl",
         "unseen-10.jsonl",
+        "unseen-11.jsonl",
     ]
 
 
