@@ -307,6 +307,21 @@ def test_lookups_share_of_a_tasks_answers_is_a_moving_average() -> None:
     assert ledger.inputs("other", has_model=True, match=0, max_k=8).lookup_share == 0.0
 
 
+def test_lookups_share_of_what_is_left_weighs_the_answer_at_hand_as_it_runs() -> None:
+    """lookup_share_now: the task's share weighs SHARE_PRIOR_TOKENS answer tokens against what
+    lookup committed in this answer so far. A table that lookup's copies filled says less and
+    less of an answer lookup has no part in; one it copies stays lookup's."""
+    ledger = Ledger()
+    ledger.observe_lookup_share(None, 120, 160)  # the shared table: 75% lookup's
+    assert ledger.lookup_share_now(None, 0, 0) == pytest.approx(0.75)  # nothing seen yet
+    prose = [ledger.lookup_share_now(None, 0, n) for n in (8, 32, 96)]
+    assert prose == pytest.approx([0.75 * 32 / 40, 0.75 / 2, 0.75 / 4])
+    assert ledger.lookup_share_now(None, 32, 32) == pytest.approx((0.75 * 32 + 32) / 64)
+    inp = ledger.inputs(None, has_model=True, match=0, max_k=8, answer_lookup=(0, 32))
+    assert inp.lookup_share == pytest.approx(0.375)
+    assert ledger.lookup_share_now("new", 0, 40) == 0.0  # no table: nothing to weigh
+
+
 def test_a_match_the_step_did_not_use_is_learned_from_the_tokens_it_committed() -> None:
     """Ledger.learn_unused_match: lookup's proposal is known before a step that did not use it;
     the tokens the step committed say how many of its drafts would have been kept, as far

@@ -86,6 +86,7 @@ def _governed(
     window: int = MAX_K,
     last: Choice | None = None,
     runs: tuple[float, int] = (0.0, 0),
+    by_lookup: int = 0,
 ) -> tuple[str, Proposal, Choice, int, list[int] | None]:
     """One step's proposal as the governor chooses it: n-gram lookup (free to make, so looked
     up first: a match is known before the step), the draft model (when `use_model`), or none.
@@ -96,7 +97,8 @@ def _governed(
     lookup had to propose (whichever ran: see Ledger.learn_unused_match; None where a
     standing choice only glanced: the loop looks up while the target decodes, to learn from).
     `last`: this answer's last choice, which may stand for this step (governor.settled).
-    `runs`: the answer's draft-model run per later catch-up and plain streak (Inputs')."""
+    `runs`: the answer's draft-model run per later catch-up and plain streak (Inputs');
+    `by_lookup`: its tokens that lookup committed (Ledger.lookup_share_now)."""
     ledger = rt.ledger
     since = ledger.steps - ledger.asked_at
     # While the last choice stands, lookup looks only where a glance says a long match can be
@@ -124,6 +126,7 @@ def _governed(
         ngram_window=window,
         model_run=runs[0],
         plain_streak=runs[1],
+        answer_lookup=(by_lookup, generated),
     )
     choice = choose(inputs)
     choice = replace(choice, lookup=table, stands=stand_for(last, choice, ledger.own_share()))
@@ -357,6 +360,7 @@ def _steps(
                 window=window,
                 last=last,
                 runs=(after_later / later if later else 0.0, streak),
+                by_lookup=by_lookup,
             )
             used[source] = used.get(source, 0) + 1
             if source == "model" and used[source] > 1:

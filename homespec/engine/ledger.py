@@ -36,6 +36,11 @@ DEAR_CATCH_UP = 2.0
 # answer 1.08 -> 1.30x plain, but a 14-token product asked with max_tokens 80 1.12 -> 0.93x and
 # a 63-token list of commands 1.19 -> 1.06x: the draft model caught up for answers that ended.
 UNKNOWN_ROOM_SHARE = 0.5
+# Answer tokens the task's lookup share weighs against what lookup committed in the answer at
+# hand (Ledger.lookup_share_now). (Fixed-cost replay, CPU costs, no task, as a daemon's OpenAI
+# clients send: unseen-11's story opening 0.98 -> 1.34x plain, unseen-10's explained command
+# 1.03 -> 1.28x, its arithmetic 1.16 -> 1.27x; the shipped creative prompts 2.94 -> 2.83x.)
+SHARE_PRIOR_TOKENS = 32.0
 SLOWDOWN_ALPHA = 0.2  # weight of one target decode in Ledger.slowdown
 OVERHEAD_ALPHA = 0.1  # weight of one step in Ledger.overhead
 # The machine's slowdown moved less than this factor since a cost was measured: it stands as
@@ -265,6 +270,20 @@ class Ledger:
         by_lookup, tokens = self.shares.get(task, (0.0, 0.0))
         return by_lookup / tokens if tokens > 0 else 0.0
 
+    def lookup_share_now(self, task: str | None, by_lookup: int, generated: int) -> float:
+        """The share of what is still to come of an answer that lookup is expected to commit:
+        the task's (lookup_share), weighing SHARE_PRIOR_TOKENS answer tokens, and this
+        answer's own so far (`by_lookup` of its `generated` tokens).
+
+        The table that task-less requests share mixes every client's answers: after a Makefile
+        and an nginx block lookup had mostly copied, a story's opening was expected to be 65%
+        lookup's, a catch-up on its 23-token prompt was spread over the 35% left and priced
+        below plain, and the draft model, 1.46x plain forced on it, never drafted while the
+        story ran 150 tokens without a lookup step (0.98x plain, fixed-cost replay)."""
+        prior = self.lookup_share(task)
+        weight = SHARE_PRIOR_TOKENS + max(0, generated)
+        return (prior * SHARE_PRIOR_TOKENS + max(0, by_lookup)) / weight
+
     def upkeep_ms(self, task: str | None) -> float:
         """The task's later catch-ups, in ms per answer token the draft model commits."""
         ms, tokens = self.upkeep.get(task, (0.0, 0.0))
@@ -417,9 +436,12 @@ class Ledger:
         ngram_window: int = MAX_K,
         model_run: float = 0.0,
         plain_streak: int = 0,
+        answer_lookup: tuple[int, int] = (0, 0),
     ) -> Inputs:
         """One step's view for `choose()` (the task's draft-model upkeep and lookup's share
-        of its answers included; `model_run` and `plain_streak`: Inputs')."""
+        of its answers included, with `answer_lookup`: the answer tokens lookup committed so
+        far and all generated so far, see lookup_share_now; `model_run` and `plain_streak`:
+        Inputs')."""
         curve = self.draft_curve() if has_model else None
         return Inputs(
             self.verify_curve(),
@@ -435,7 +457,7 @@ class Ledger:
             curve,
             horizon,
             self.upkeep_ms(task),
-            self.lookup_share(task),
+            self.lookup_share_now(task, *answer_lookup),
             task,
             self.agreement is not None,
             ngram_window,
