@@ -112,7 +112,7 @@ def create_app(config: DaemonConfig, probe: Callable[[], Machine] = probe_machin
             loc = ".".join(str(p) for p in err["loc"] if p != "body")
             said = err["msg"].removeprefix("Value error, ")
             problems.append(f"{loc or 'body'}: {said}")
-            params.append(error_param(tuple(err["loc"]), said))
+            params.append(error_param(loc, said))
         return error_response(
             400,
             "invalid request: " + "; ".join(problems),
@@ -214,7 +214,7 @@ def _refusal(exc: HomespecError) -> JSONResponse:
     if isinstance(exc, UnknownModel):
         param: str | None = "model"
     else:  # a client's mistake names its field first ("max_tokens 100000 is over ...")
-        param = error_param((), str(exc)) if isinstance(exc, RequestError) else None
+        param = error_param("", str(exc)) if isinstance(exc, RequestError) else None
     return error_response(exc.http_status, str(exc), exc.openai_type, headers, param=param)
 
 

@@ -442,15 +442,14 @@ _FIELDS = (
 _PATH = re.compile(r"[a-z_]+(?:\[\d+\])?(?:\.[a-z_]+)*")
 
 
-def error_param(loc: tuple[int | str, ...], message: str) -> str | None:
+def error_param(where: str, message: str) -> str | None:
     """OpenAI's `param` for a refused body: the field a validation error names, by its place
-    in the body (`messages.0.role`) or, for a rule over the whole body, by the name its
-    message starts with (`logprobs`, `top_logprobs=2 ...`, `messages[0].content holds ...`);
-    None where it names none. Clients show it beside the message (the openai SDK's
-    `BadRequestError.param`)."""
-    where = [str(p) for p in loc if p != "body"]
+    in the body (`where`, as `messages.0.role`) or, for a rule over the whole body (`where`
+    empty), by the name its message starts with (`logprobs`, `top_logprobs=2 ...`,
+    `messages[0].content holds ...`); None where it names none. Clients show it beside the
+    message (the openai SDK's `BadRequestError.param`)."""
     if where:
-        return ".".join(where)
+        return where
     head = _PATH.match(message)
     if head and re.split(r"[\[.]", head.group())[0] in _FIELDS:
         return head.group()
