@@ -32,6 +32,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-9.jsonl",
         "unseen-10.jsonl",
         "unseen-11.jsonl",
+        "unseen-12.jsonl",
     ]
 
 
