@@ -3,7 +3,8 @@
 The pair's models and generation loop run in an engine child (engine/child.py, through
 daemon/engine.py); this side keeps the queue and what /health and status say. Everything here
 runs on the event loop: the engine's replies arrive there too, so no state needs a lock.
-Its states and their transitions are in daemon/states.py.
+Its states and their transitions are in daemon/states.py, what it says of itself (mode,
+reason, degraded) in daemon/pair_health.py.
 
 A request that finds `max_queue` requests waiting or running is refused at once (the HTTP
 layer answers 503 with Retry-After) rather than queued without bound.
@@ -20,6 +21,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from pathlib import Path
 
+from homespec.daemon import pair_health
 from homespec.daemon.crashes import EngineDeath, recover
 from homespec.daemon.engine import EngineProcess
 from homespec.daemon.memory_watch import DraftWatch, decide, draft_site
@@ -314,47 +316,25 @@ class PairWorker:
 
     # --- what /health and status say ----------------------------------------------------------
 
+    def view(self) -> pair_health.PairView:
+        return pair_health.PairView(
+            self.state, self.info, self.error, self.incident, self.memory_watch
+        )
+
     @property
     def mode(self) -> PairMode:
-        """The engine's serving mode, or where the pair is in its life (loading, restarting,
-        failed, stopped)."""
-        if self.state == WorkerState.FAILED:
-            return "failed"
-        if self.state == WorkerState.STOPPED:
-            return "stopped"
-        if self.state == WorkerState.RESTARTING:
-            return "restarting"
-        return "loading" if self.info is None else self.info.mode
+        return pair_health.mode(self.view())
 
     @property
     def reason(self) -> str:
-        if self.state == WorkerState.FAILED:
-            return self.error
-        if self.state == WorkerState.RESTARTING:
-            return self.incident
-        if self.info is None:
-            return "target model loading"
-        if not self.incident or self.incident in self.info.reason:
-            return self.info.reason
-        return f"{self.incident}; {self.info.reason}"
+        return pair_health.reason(self.view())
 
     @property
     def degraded(self) -> bool:
-        if self.state in (WorkerState.FAILED, WorkerState.RESTARTING):
-            return True
-        if self.memory_watch.dropped:
-            return True
-        return self.info is not None and (self.info.degraded or bool(self.incident))
+        return pair_health.degraded(self.view())
 
     def notes(self) -> list[str]:
-        """What every response of this pair should also say: its draft dropped for memory, an
-        earlier engine death."""
-        out = [self.memory_watch.reason] if self.memory_watch.dropped else []
-        if self.incident and not (
-            self.info and self.incident in self.info.draft_unavailable_reason
-        ):
-            out.append(self.incident)
-        return out
+        return pair_health.notes(self.view())
 
     def rolling_accept_rate(self) -> float | None:
         proposed = sum(p for p, _ in self.recent)
