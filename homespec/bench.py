@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from homespec import heap
-from homespec.bench_remote import WARM_UP, Remote, run_remote, warm_up
+from homespec.bench_remote import WARM_UP, Remote, preflight, run_remote, warm_up
 from homespec.bench_standing import standings
 from homespec.engine.calibration import calibrate
 from homespec.engine.chat_text import chat_tokens
@@ -376,21 +376,22 @@ def bench_pair(
             f"--against: label {', '.join(clash) or 'used twice'} clashes with another column",
             "give each server its own label: --against LABEL=URL",
         )
-    progress("bench: loading the pair and filling its contexts once (to measure memory)…")
-    with load_pair(manifest, name, measure_peak=True, huge_pages="now") as loaded:
-        rt = loaded.runtime
-        memory = memory_rows(loaded)
-        calibrate(rt)  # the governor ("auto") starts from this machine's costs
-        heap.settle()  # as the daemon's engine does: no full collection inside a measured run
-        if has_draft and rt.draft is None:
-            chosen = [m for m in chosen if m not in ("model", "hybrid")]
-            progress(f"bench: no draft model modes: {rt.draft_unavailable_reason}")
-        against = "".join(f", {r.label} ({r.url})" for r in remotes)
-        progress(
-            f"bench: pair {rt.name}, {len(items)} prompts × {repeat} × modes {', '.join(chosen)}"
-            f"{against} (temperature {temperature:g})"
-        )
-        with httpx.Client(timeout=httpx.Timeout(10, read=600)) as client:
+    with httpx.Client(timeout=httpx.Timeout(10, read=600)) as client:
+        preflight(client, remotes)  # a server that is not there fails now, not after the load
+        progress("bench: loading the pair and filling its contexts once (to measure memory)…")
+        with load_pair(manifest, name, measure_peak=True, huge_pages="now") as loaded:
+            rt = loaded.runtime
+            memory = memory_rows(loaded)
+            calibrate(rt)  # the governor ("auto") starts from this machine's costs
+            heap.settle()  # as the daemon's engine does: no full collection inside a measured run
+            if has_draft and rt.draft is None:
+                chosen = [m for m in chosen if m not in ("model", "hybrid")]
+                progress(f"bench: no draft model modes: {rt.draft_unavailable_reason}")
+            against = "".join(f", {r.label} ({r.url})" for r in remotes)
+            progress(
+                f"bench: pair {rt.name}, {len(items)} prompts × {repeat} × modes "
+                f"{', '.join(chosen)}{against} (temperature {temperature:g})"
+            )
             runs = run_bench(
                 rt,
                 items,

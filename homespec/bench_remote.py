@@ -91,6 +91,20 @@ def run_remote(
     return _stream(client, remote, {**payload, **(extra or {})})
 
 
+def preflight(client: httpx.Client, remotes: list[Remote]) -> None:
+    """Raise RequestError for a server that does not answer at all, before the bench spends
+    seconds to minutes loading the pair. Any HTTP answer will do (a server without
+    /v1/models answers 404): whether it serves chat completions, its first request says."""
+    for remote in remotes:
+        try:
+            client.get(f"{remote.url}/v1/models", timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise RequestError(
+                f"--against {remote.label}: {remote.url} does not answer ({exc})",
+                "is the server running, and on that address and port?",
+            ) from None
+
+
 def warm_up(client: httpx.Client, remote: Remote) -> None:
     """One short request, so the server's first-request costs hit no measured run."""
     _stream(client, remote, _payload(WARM_UP, 8, 0.0))

@@ -34,7 +34,8 @@ from homespec.cli_common import config_option, err, load_llama_first, pair_optio
     multiple=True,
     metavar="LABEL=URL",
     help="Also send every request to this OpenAI-compatible server (e.g. a llama-server) and "
-    "put it in the table as LABEL (repeatable).",
+    "put it in the table as LABEL (repeatable). One that does not answer is an error before "
+    "the pair loads.",
 )
 @click.option(
     "--threads",

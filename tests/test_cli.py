@@ -282,6 +282,20 @@ def test_bench_rejects_bad_workload_line(tmp_path: Path, demo_manifest: Manifest
     )
 
 
+def test_bench_against_a_server_that_is_not_there_fails_before_the_pair_loads(
+    tmp_path: Path,
+) -> None:
+    """Loading a real pair takes seconds to minutes: a wrong port is said first. (The model
+    files here do not exist, so reaching the load would fail otherwise.)"""
+    from tests.daemon_process import free_port
+
+    cfg = manifest_with(tmp_path, tmp_path / "absent-target.gguf", tmp_path / "absent-draft.gguf")
+    url = f"http://127.0.0.1:{free_port()}"
+    code, out, err = invoke("bench", "--config", str(cfg), "--against", f"llama={url}")
+    assert_clean_error(code, out, err, f"--against llama: {url} does not answer", "running")
+    assert "loading the pair" not in err
+
+
 @pytest.mark.parametrize("bad", ["plain,bogus", "model"])
 def test_bench_rejects_unavailable_modes(bad: str, demo_manifest: Manifest) -> None:
     args = ["bench", "--config", str(SHIPPED_MANIFEST), "--modes", bad]
