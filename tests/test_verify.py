@@ -243,15 +243,11 @@ def test_a_contested_match_is_learned_in_its_own_tables_and_the_answer_stays_pla
     lookup proposes the most recent way (5, where the answer goes on with 1), a contested
     match, and that is learned apart from the clean matches after it (each of "1 ab" and its
     like went on one way only, and the agreement grows as the answer copies), which are
-    right. Costs are fixed, a CPU's (the draft model as dear as the target, so never used):
-    measured on the fake's free decodes, noise chose the options, and a step that drafted
-    past the first "ab" never looked up there (one CI run in many)."""
+    right. Costs are fixed (fixed_costs): measured on the fake's free decodes, noise chose the
+    options, and a step that drafted past the first "ab" never looked up there (one CI run
+    in many)."""
     rt = runtime(wrong_every=5)
-    rt.ledger.verify = CostCurve({n: 20.0 + 10.0 * n for n in (1, 2, 4, 8, 16, 32)})
-    rt.ledger.draft = CostCurve({n: 20.0 + 10.0 * n for n in (1, 8, 32)})
-    monkeypatch.setattr(rt.ledger.verify, "observe", lambda n, ms: None)  # costs stay put
-    monkeypatch.setattr(rt.ledger.draft, "observe", lambda n, ms: None)
-    asking_costs(monkeypatch, rt, 0.015)
+    fixed_costs(monkeypatch, rt, 0.015)
     ask = [Message("user", "ab1 ab2 ab3 ab4 ab5 zz")]
     plain_text, _ = run(rt, GenerationRequest(messages=ask, max_tokens=40, speculative=False))
     text, _ = run(rt, GenerationRequest(messages=ask, max_tokens=40, task="echo"))
@@ -306,6 +302,18 @@ def asking_costs(monkeypatch: pytest.MonkeyPatch, rt: PairRuntime, own_share: fl
     machine running the test is (a step's measured work moves every estimate a little)."""
     monkeypatch.setattr(rt.ledger, "own_share", lambda: own_share)
     monkeypatch.setattr(rt.ledger, "observe_step", lambda option, ms: None)
+
+
+def fixed_costs(monkeypatch: pytest.MonkeyPatch, rt: PairRuntime, own_share: float) -> None:
+    """A CPU-like cost curve (20 ms + 10 a token; the draft model, where there is one, as dear
+    as the target, so never worth drafting with), never measured, and asking_costs: on the
+    fake's free decodes, measured costs are noise, and noise would choose the options."""
+    rt.ledger.verify = CostCurve({n: 20.0 + 10.0 * n for n in (1, 2, 4, 8, 16, 32)})
+    monkeypatch.setattr(rt.ledger.verify, "observe", lambda n, ms: None)  # costs stay put
+    if rt.draft is not None:
+        rt.ledger.draft = CostCurve({n: 20.0 + 10.0 * n for n in (1, 8, 32)})
+        monkeypatch.setattr(rt.ledger.draft, "observe", lambda n, ms: None)
+    asking_costs(monkeypatch, rt, own_share)
 
 
 def askings_of(monkeypatch: pytest.MonkeyPatch) -> list[Inputs]:
@@ -364,12 +372,10 @@ def test_a_settled_plain_choice_stands_through_matches_priced_from_the_same_tabl
     with no match where asking is dear; every step asks where it is not."""
     spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
     rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, NgramDrafter())
-    rt.ledger.verify = CostCurve({n: 20.0 + 10.0 * n for n in (1, 2, 4, 8, 16, 32)})
-    monkeypatch.setattr(rt.ledger.verify, "observe", lambda n, ms: None)  # costs stay put
+    fixed_costs(monkeypatch, rt, own_share)
     table = rt.ledger.acceptance("spell", 2)["ngram"]
     for _ in range(50):
         table.record(4, 0)
-    asking_costs(monkeypatch, rt, own_share)
     asked = askings_of(monkeypatch)
     letters = "abcdefghijklmnopqrstuvwxyz"
     pairs = " ".join(f"{a}{b}{i % 10}" for i, (a, b) in enumerate(itertools.pairwise(letters)))
@@ -410,12 +416,10 @@ def test_a_standing_plain_choice_learns_what_lookup_had_as_a_choice_asked_each_s
         spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
         target = FakeTarget(decode_s=0)
         rt = PairRuntime("p", spec, target, None, NgramDrafter())
-        rt.ledger.verify = CostCurve({n: 20.0 + 10.0 * n for n in (1, 2, 4, 8, 16, 32)})
-        monkeypatch.setattr(rt.ledger.verify, "observe", lambda n, ms: None)
+        fixed_costs(monkeypatch, rt, own_share)
         table = rt.ledger.acceptance("spell", 2)["ngram"]
         for _ in range(50):
             table.record(4, 0)
-        asking_costs(monkeypatch, rt, own_share)
         waited: list[bool] = []  # at each decode, whether something ran while it decoded
         monkeypatch.setattr(target, "extend", spy_on_extend(target.extend, waited))
         asked = askings_of(monkeypatch)
@@ -441,12 +445,10 @@ def test_a_standing_plain_choice_looks_up_only_what_a_glance_finds(
     Short matches have failed before (their tables say so), so a plain choice stands."""
     spec = PairSpec(target="t", draft="ngram", spec_min_max_tokens=0)
     rt = PairRuntime("p", spec, FakeTarget(decode_s=0), None, NgramDrafter())
-    rt.ledger.verify = CostCurve({n: 20.0 + 10.0 * n for n in (1, 2, 4, 8, 16, 32)})
-    monkeypatch.setattr(rt.ledger.verify, "observe", lambda n, ms: None)  # costs stay put
+    fixed_costs(monkeypatch, rt, 0.3)
     for match_len in (2, 3):
         for _ in range(50):
             rt.ledger.acceptance(None, match_len)["ngram"].record(4, 0)
-    asking_costs(monkeypatch, rt, 0.3)
     asked = askings_of(monkeypatch)
     looked: list[int] = []  # the history's length at each full lookup before a decode
     shadowed: list[int] = []  # ... and at each while the target decodes (to learn from)
