@@ -24,6 +24,7 @@ from homespec.manifest import PairSpec
 from homespec.workload import WorkItem
 from tests.daemon_process import Daemon, fake_daemon, free_port
 from tests.fake_target import FakeTarget
+from tests.fixed_costs import cheap_drafts
 
 
 @pytest.fixture(scope="module")
@@ -137,14 +138,18 @@ def test_the_bench_memory_learns_each_prompt_once_after_all_its_runs(
     assert events == ["clear", *item, *item] * 2
 
 
-def test_only_auto_teaches_the_governor_what_drafts_are_kept() -> None:
+def test_only_auto_teaches_the_governor_what_drafts_are_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Forced modes run the same prompts as auto; had they taught the governor, auto would be
-    measured on acceptance a server running auto never has. Only auto's own runs teach it."""
+    measured on acceptance a server running auto never has. Only auto's own runs teach it.
+    Drafting is priced cheap (cheap_drafts), so auto drafts whatever the machine's load."""
     spec = PairSpec(target="t", draft="d", spec_min_max_tokens=0)
 
     def learned(modes: list[str]) -> float:
         drafter = ModelDrafter(FakeTarget(decode_s=0))
         rt = PairRuntime("p", spec, FakeTarget(decode_s=0), drafter, NgramDrafter())
+        cheap_drafts(monkeypatch, rt)
         run_bench(rt, items(), modes=modes)
         tables = rt.ledger.by_task.values()
         return sum(acc.tries[0] for table in tables for acc in table.values())

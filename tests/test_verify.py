@@ -25,6 +25,7 @@ from homespec.engine.types import Chunk, GenerationRequest, GenerationStats, Mes
 from homespec.manifest import PairSpec
 
 from .fake_target import FakeTarget
+from .fixed_costs import asking_costs, cheap_drafts, fixed_costs
 
 GREEDY = SamplingParams()
 
@@ -135,12 +136,17 @@ def test_speculative_output_is_plains_and_the_counts_add_up(drafter: str) -> Non
 
 
 @pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid", None])
-def test_a_seed_gives_plain_decodings_sampled_answer_on_every_drafter(drafter: str | None) -> None:
+def test_a_seed_gives_plain_decodings_sampled_answer_on_every_drafter(
+    monkeypatch: pytest.MonkeyPatch, drafter: str | None
+) -> None:
     """At a temperature where the fake strays from its script, a seed still fixes the answer: the
     drafter (None: the governor) changes which tokens are checked, not which are kept. With
-    no seed the answer reports the one it drew, and sending that back repeats the answer."""
+    no seed the answer reports the one it drew, and sending that back repeats the answer.
+    Drafting is priced cheap (cheap_drafts): on the fake's free decodes measured costs are
+    noise, and on a busy machine the governor drafted nothing (one run in twelve)."""
     hot_ok = PairSpec(target="t", draft="d", draft_tokens=6, spec_max_temperature=2.0)
     rt = dataclasses.replace(runtime(wrong_every=3), spec=hot_ok)
+    cheap_drafts(monkeypatch, rt)
     greedy_text, greedy = run(rt, GenerationRequest(messages=ASK, max_tokens=60))
     assert greedy.seed is None
     hot = GenerationRequest(messages=ASK, max_tokens=60, temperature=1.6)
@@ -294,26 +300,6 @@ def test_a_governed_step_measures_its_own_work_beyond_its_decodes() -> None:
     assert text == plain_text and s.draft_steps == 0
     assert set(rt.ledger.overhead) == {"none"}
     assert 0.0 < rt.ledger.overhead["none"] < 2.0  # the 4-ms decodes are not counted in it
-
-
-def asking_costs(monkeypatch: pytest.MonkeyPatch, rt: PairRuntime, own_share: float) -> None:
-    """A step's own work priced at `own_share` of a one-token decode (a GPU's is about a
-    quarter, a CPU's 1.5%), and never measured: the decisions do not hang on how busy the
-    machine running the test is (a step's measured work moves every estimate a little)."""
-    monkeypatch.setattr(rt.ledger, "own_share", lambda: own_share)
-    monkeypatch.setattr(rt.ledger, "observe_step", lambda option, ms: None)
-
-
-def fixed_costs(monkeypatch: pytest.MonkeyPatch, rt: PairRuntime, own_share: float) -> None:
-    """A CPU-like cost curve (20 ms + 10 a token; the draft model, where there is one, as dear
-    as the target, so never worth drafting with), never measured, and asking_costs: on the
-    fake's free decodes, measured costs are noise, and noise would choose the options."""
-    rt.ledger.verify = CostCurve({n: 20.0 + 10.0 * n for n in (1, 2, 4, 8, 16, 32)})
-    monkeypatch.setattr(rt.ledger.verify, "observe", lambda n, ms: None)  # costs stay put
-    if rt.draft is not None:
-        rt.ledger.draft = CostCurve({n: 20.0 + 10.0 * n for n in (1, 8, 32)})
-        monkeypatch.setattr(rt.ledger.draft, "observe", lambda n, ms: None)
-    asking_costs(monkeypatch, rt, own_share)
 
 
 def askings_of(monkeypatch: pytest.MonkeyPatch) -> list[Inputs]:
