@@ -33,6 +33,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-10.jsonl",
         "unseen-11.jsonl",
         "unseen-12.jsonl",
+        "unseen-13.jsonl",
     ]
 
 
