@@ -38,7 +38,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        """Temperature 0, or one that rounds to 0 in the logits' float32 (under about 1e-45,
+        which JSON allows): tempering by it would divide by zero."""
+        return float(np.float32(self.temperature)) <= 0.0
 
 
 class Draws:
@@ -74,7 +76,15 @@ def distribution(logits: Logits, params: SamplingParams) -> Probs:
     temperature). min-p keeps the tokens at least `min_p` times as likely as the likeliest.
     In float32, like the logits: a float64 copy of a row of 49 152 cost more here than
     all the arithmetic on it."""
-    return _filtered(logits / np.float32(params.temperature), params)
+    return _filtered(_tempered(logits, params.temperature), params)
+
+
+def _tempered(logits: Logits, temperature: float) -> Logits:
+    """`logits / temperature`, less their largest first: at a temperature near 0 the others go
+    to -inf and the largest stays at 0. (Divided as they were, the largest went to inf, and
+    inf - inf in the filters is NaN: temperature 1e-300 failed a request with an IndexError.)"""
+    with np.errstate(over="ignore"):  # a gap over float32's range at a tiny temperature: -inf
+        return (logits - np.max(logits)) / np.float32(temperature)
 
 
 def _filtered(z: Logits, params: SamplingParams) -> Probs:
@@ -115,7 +125,7 @@ def _likeliest(p: Probs, mass: float) -> tuple[npt.NDArray[np.intp], Probs]:
 def log_weights(logits: Logits, params: SamplingParams) -> Logits:
     """`distribution`'s log-probabilities up to a constant (filtered tokens: -inf), without
     the exponentials when no top-p or min-p filter needs the probabilities."""
-    z = logits / np.float32(params.temperature)
+    z = _tempered(logits, params.temperature)
     if params.top_p < 1.0 or params.min_p > 0.0:
         return np.where(_filtered(z, params) > 0.0, z, np.float32(-np.inf))
     return _top_k(z, params.top_k)
