@@ -34,6 +34,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-11.jsonl",
         "unseen-12.jsonl",
         "unseen-13.jsonl",
+        "unseen-14.jsonl",
     ]
 
 
