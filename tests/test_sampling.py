@@ -75,8 +75,8 @@ def test_greedy_pick_is_argmax() -> None:
 
 @pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-46, 1e-45, 1e-40, 1e-12])
 def test_a_temperature_near_zero_samples_the_argmax(temperature: float) -> None:
-    """JSON allows any positive temperature: one float32 rounds to 0 is greedy, and a tiny
-    one tempers every token but the likeliest to nothing, with no NaN on the way (5e-324
+    """JSON allows any positive temperature: one that rounds to 0 in float32 is greedy, and a
+    tiny one tempers every token but the likeliest to nothing, with no NaN on the way (5e-324
     with top_k 1 was a 500 from the daemon: IndexError in the top-k filter)."""
     logits = np.array([1.0, 3.0, 2.0, 3.0 - 1e-6, -5.0], dtype=np.float32)
     for filters in ({}, {"top_k": 1}, {"top_k": 2}, {"top_p": 0.9}, {"min_p": 0.05}):
