@@ -20,6 +20,7 @@ import click
 from homespec import __version__
 from homespec.cli_bench import bench
 from homespec.cli_common import (
+    FiniteRange,
     Group,
     StderrHandler,
     config_option,
@@ -93,12 +94,12 @@ def _no_empty_stop(
     type=click.IntRange(1, 64),
     help="Tokens a forced drafter drafts per step; without --drafter, the governor's cap.",
 )
-@click.option("--temperature", type=click.FloatRange(0.0, 5.0), help="0 = greedy.")
-@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True))
+@click.option("--temperature", type=FiniteRange(0.0, 5.0), help="0 = greedy.")
+@click.option("--top-p", type=FiniteRange(0.0, 1.0, min_open=True))
 @click.option("--top-k", type=click.IntRange(0))
 @click.option(
     "--min-p",
-    type=click.FloatRange(0.0, 1.0),
+    type=FiniteRange(0.0, 1.0),
     help="Keep tokens at least this × as likely as the likeliest (0 = off).",
 )
 @click.option("--seed", type=click.IntRange(0), help="Sampling seed (temperature > 0).")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from homespec.cli_common import config_option, err, load_llama_first, pair_option
+from homespec.cli_common import FiniteRange, config_option, err, load_llama_first, pair_option
 
 
 @click.command()
@@ -27,7 +27,7 @@ from homespec.cli_common import config_option, err, load_llama_first, pair_optio
 )
 @click.option("--task", "tasks", multiple=True, help="Only these tasks (repeatable).")
 @click.option("--max-tokens", type=click.IntRange(1), help="Cap every request's max_tokens.")
-@click.option("--temperature", type=click.FloatRange(0.0, 5.0), default=0.0, show_default=True)
+@click.option("--temperature", type=FiniteRange(0.0, 5.0), default=0.0, show_default=True)
 @click.option(
     "--against",
     "against",

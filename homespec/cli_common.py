@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +28,17 @@ class Group(click.Group):
         except HomespecError as err:
             click.echo(f"Error: {err}", err=True)
             ctx.exit(err.exit_code)
+
+
+class FiniteRange(click.FloatRange):
+    """click.FloatRange, refusing nan and inf: a NaN compares false with both bounds, so
+    `--temperature nan` passed the range and sampled from NaN logits."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 class StderrHandler(logging.Handler):

@@ -25,7 +25,8 @@ def check_size(field: str, text: str) -> None:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # TOML has nan and inf: no field here means either (`shutdown_timeout_s = inf` passed ge=0)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class MemorySpec(Strict):

@@ -359,6 +359,22 @@ def test_ask_refuses_an_empty_prompt_before_loading_anything(
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("ask", "hi", "--local", "--temperature", "nan"),
+        ("ask", "hi", "--local", "--min-p", "nan"),
+        ("bench", "--temperature", "nan"),
+    ],
+)
+def test_a_nan_where_a_number_goes_is_a_usage_error(args: tuple[str, ...]) -> None:
+    """A NaN compares false with both bounds of a range: `--temperature nan` passed click's and
+    sampled from NaN logits (an empty answer)."""
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "'nan' is not a finite number" in result.stderr and result.stdout == ""
+
+
 @pytest.mark.parametrize("stops", [("",), ("###", "")])
 def test_ask_refuses_an_empty_stop_string_before_loading_anything(stops: tuple[str, ...]) -> None:
     """As the daemon does (a 400 naming it): an unset shell variable as --stop would end the

@@ -238,6 +238,17 @@ def test_text_completions_and_models(daemon: Daemon) -> None:
             400,
             "max_tokens=true is not a number",
         ),
+        # Python's JSON reads NaN and Infinity, which no client means as a temperature
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+            400,
+            "temperature: Input should be a finite number",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "top_p": -Infinity}',
+            400,
+            "top_p: Input should be a finite number",
+        ),
     ],
     ids=[
         "malformed",
@@ -251,6 +262,8 @@ def test_text_completions_and_models(daemon: Daemon) -> None:
         "image",
         "no-body",
         "boolean",
+        "nan",
+        "infinity",
     ],
 )
 def test_client_mistakes_get_400_envelopes(

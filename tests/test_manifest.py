@@ -59,6 +59,19 @@ def test_out_of_range_is_an_error() -> None:
         _parse(BASE + "draft_tokens = 0\n")
 
 
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("spec_max_temperature = nan", "pairs.p.spec_max_temperature"),
+        ("[server]\nshutdown_timeout_s = inf", "server.shutdown_timeout_s"),
+    ],
+)
+def test_toml_nan_and_inf_are_no_numbers_a_field_takes(line: str, field: str) -> None:
+    """TOML writes them; an unbounded `shutdown_timeout_s = inf` passed its ge=0."""
+    with pytest.raises(ConfigError, match=rf"{field}: Input should be a finite number"):
+        _parse(BASE + line + "\n")
+
+
 def test_dangling_model_reference() -> None:
     with pytest.raises(ConfigError, match=r"pairs\.p\.draft: 'tiny' is not a model"):
         _parse(BASE.replace('draft = "small"', 'draft = "tiny"'))

@@ -102,9 +102,11 @@ def _defaulted(model: type[BaseModel]) -> frozenset[str]:
 
 class _NullIsDefault(BaseModel):
     """A body whose optional fields take null as their default, as OpenAI does: clients that
-    write every field of their own request model send `"n": null`, `"stream": null`, ..."""
+    write every field of their own request model send `"n": null`, `"stream": null`, ...
+    NaN and Infinity, which Python's JSON reads, are no number a field takes: refused as such
+    (a NaN temperature was refused as "less than or equal to 2")."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
