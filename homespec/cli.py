@@ -5,6 +5,7 @@ Heavy imports (llama_cpp, numpy) happen inside the commands, so `homespec --help
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ from homespec.cli_common import (
 from homespec.cli_daemon import reload, report, serve, status
 from homespec.cli_worker import worker
 from homespec.errors import EngineError, HomespecError
+from homespec.plain_text import NOT_UTF8_HINT, text_problem
 from homespec.vocab import DRAFTERS
 
 if TYPE_CHECKING:
@@ -59,6 +61,16 @@ def cli(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler], force=True
     )
     logging.getLogger("homespec").setLevel(logging.NOTSET)  # `serve` raises it to INFO
+
+
+def _text_option(where: str, text: str | None) -> None:
+    """Refuse what is no text a model may read, by name: bytes that are not UTF-8 (argv, a pipe
+    or a file of another encoding: Python keeps them as surrogates, which tokenizing raised
+    UnicodeEncodeError on) or a NUL (llama.cpp's tokenizer stops there)."""
+    problem = None if text is None else text_problem(text, from_bytes=True)
+    if problem:
+        hint = NOT_UTF8_HINT if "UTF-8" in problem else "send text, not a binary file"
+        raise click.UsageError(f"{where} {problem}: {hint}")
 
 
 def _no_empty_stop(
@@ -109,7 +121,7 @@ def _no_empty_stop(
 @click.option("--raw", is_flag=True, help="Send PROMPT as is, without the chat template.")
 @click.option(
     "--prediction",
-    type=click.File(encoding="utf-8"),
+    type=click.File(encoding="utf-8", errors="surrogateescape"),
     help="A file the answer should read much like (e.g. the file an edit returns): drafted "
     "from, the answer unchanged (OpenAI's Predicted Outputs).",
 )
@@ -146,14 +158,24 @@ def ask(
 
     Uses the daemon when one answers at --url (HOMESPEC_URL, default http://127.0.0.1:8080)
     and serves the pair; else loads the pair in-process. The stats line says which. The answer
-    streams to stdout; one stats line goes to stderr. PROMPT "-" reads stdin.
+    streams to stdout; one stats line goes to stderr. PROMPT "-" reads stdin (as UTF-8: bytes
+    that are not, or a NUL, are refused by name, as in --system, --stop and --prediction).
     """
     from homespec.cli_daemon import ask_via_daemon
     from homespec.engine.types import GenerationRequest, Message
 
     from_stdin = prompt == "-"
     if from_stdin:
-        prompt = sys.stdin.read()
+        # UTF-8 whatever the locale, with what is not kept as surrogates: named below
+        text = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
+        prompt = text.read()
+    _text_option("standard input" if from_stdin else "PROMPT", prompt)
+    _text_option("--system", system_prompt)
+    for one in stop:
+        _text_option("--stop", one)
+    _text_option("--task", task)
+    predicted = prediction.read() if prediction else None
+    _text_option(f"--prediction {prediction.name if prediction else ''}", predicted)
     if not prompt.strip():
         # An unset shell variable ("$Q") or an empty pipe: answered, it is a made-up question.
         where = "standard input was" if from_stdin else "PROMPT is"
@@ -179,7 +201,7 @@ def ask(
         speculative=speculative,
         drafter=drafter,  # type: ignore[arg-type]
         draft_tokens=draft_tokens,
-        prediction=prediction.read() if prediction else None,
+        prediction=predicted,
     )
     if not local and not explain and ask_via_daemon(url, req, pair, as_json=as_json):
         return

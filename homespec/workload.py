@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from homespec.engine.types import Message
 from homespec.errors import ConfigError
+from homespec.plain_text import bad_text
 
 
 class _ChatMessage(BaseModel):
@@ -51,7 +52,11 @@ def load_workload(path: Path) -> list[WorkItem]:
         if not line.strip():
             continue
         try:
-            item = _Item.model_validate(json.loads(line))
+            data = json.loads(line)
+            problem = bad_text(data, "")
+            if problem:  # a "\ud800" escape: tokenizing it raised UnicodeEncodeError mid-bench
+                raise ConfigError(f"{path}:{n}: {problem}", "write the line's strings as text")
+            item = _Item.model_validate(data)
         except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"{path}:{n}: not JSON ({exc.msg})", "one JSON object a line"

@@ -375,6 +375,38 @@ def test_a_nan_where_a_number_goes_is_a_usage_error(args: tuple[str, ...]) -> No
     assert "'nan' is not a finite number" in result.stderr and result.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("args", "stdin", "needle"),
+    [
+        (("-",), b"caf\xe9 au lait", "standard input is not UTF-8: byte 0xe9 at character 4"),
+        (("caf\udce9",), None, "PROMPT is not UTF-8: byte 0xe9 at character 4"),
+        (("hi", "--system", "\udcff"), None, "--system is not UTF-8: byte 0xff at character 1"),
+        (("hi", "--stop", "x\udc80"), None, "--stop is not UTF-8: byte 0x80 at character 2"),
+        (("-",), b"a\x00b", "standard input holds a NUL character (\\u0000) at character 2"),
+    ],
+    ids=["stdin", "argv", "system", "stop", "nul"],
+)
+def test_ask_names_input_that_is_no_text_before_loading_anything(
+    args: tuple[str, ...], stdin: bytes | None, needle: str
+) -> None:
+    """Bytes that are not UTF-8 (a Latin-1 file piped in, an argument in another encoding)
+    reached the tokenizer as surrogates and raised UnicodeEncodeError; a NUL cut the prompt
+    short where llama.cpp's tokenizer stopped."""
+    result = CliRunner().invoke(cli, ["ask", *args, "--local"], input=stdin)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert needle in result.stderr and result.stdout == ""
+    if "UTF-8" in needle:
+        assert "iconv" in result.stderr
+
+
+def test_ask_names_a_prediction_file_that_is_not_utf8(tmp_path: Path) -> None:
+    bad = tmp_path / "guess.txt"
+    bad.write_bytes(b"na\xefve")
+    result = CliRunner().invoke(cli, ["ask", "hi", "--local", "--prediction", str(bad)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"--prediction {bad} is not UTF-8: byte 0xef at character 3" in result.stderr
+
+
 @pytest.mark.parametrize("stops", [("",), ("###", "")])
 def test_ask_refuses_an_empty_stop_string_before_loading_anything(stops: tuple[str, ...]) -> None:
     """As the daemon does (a 400 naming it): an unset shell variable as --stop would end the

@@ -55,6 +55,28 @@ def test_a_workload_with_a_bad_role_names_its_line(tmp_path: Path) -> None:
         load_workload(path)
 
 
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (r"a\ud800b", r"messages[0].content holds a lone UTF-16 surrogate (\ud800)"),
+        (r"a\u0000b", r"messages[0].content holds a NUL character (\u0000) at character 2"),
+    ],
+    ids=["surrogate", "nul"],
+)
+def test_a_workload_string_that_is_no_text_names_its_line(
+    tmp_path: Path, content: str, needle: str
+) -> None:
+    """A JSON escape can write what is no text: a lone surrogate raised UnicodeEncodeError in
+    the tokenizer mid-bench, a NUL cut the prompt short."""
+    path = tmp_path / "w.jsonl"
+    good = '{"task": "t", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}'
+    bad = good.replace('"hi"', f'"{content}"')
+    path.write_text(f"{good}\n{bad}\n")
+    with pytest.raises(ConfigError) as err:
+        load_workload(path)
+    assert str(err.value).startswith(f"{path}:2: {needle}")
+
+
 def test_a_workload_line_may_carry_a_prediction_the_bench_sends(tmp_path: Path) -> None:
     """In-process as the request's prediction; to another server as OpenAI's field."""
     import httpx

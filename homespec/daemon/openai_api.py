@@ -30,6 +30,7 @@ from homespec.daemon import refused_fields
 from homespec.engine import chat_template
 from homespec.engine.types import EMPTY_STOP, ChatFormat, GenerationRequest, Message
 from homespec.manifest import MAX_DRAFT_TOKENS
+from homespec.plain_text import bad_text
 from homespec.vocab import Drafter
 
 Speculative = bool | Literal["auto"]
@@ -140,29 +141,6 @@ class PredictedContent(_Text):
         return data
 
 
-def _bad_text(value: Any, where: str) -> str | None:
-    """The first string inside `value` that holds a NUL or a lone surrogate, described by its
-    path (`messages[0].content`). llama.cpp's tokenizer stops at a NUL, and a lone surrogate is
-    not text at all: neither may reach the model or the log in silence."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            return f"{where} holds a NUL character (\\u0000)"
-        if any("\ud800" <= c <= "\udfff" for c in value):
-            return f"{where} holds a lone UTF-16 surrogate, which is not text"
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            path = f"{where}.{key}" if where else str(key)
-            found = _bad_text(str(key), path) or _bad_text(item, path)
-            if found:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _bad_text(item, f"{where}[{i}]")
-            if found:
-                return found
-    return None
-
-
 @functools.cache
 def _numbers(model: type[BaseModel]) -> tuple[str, ...]:
     """The fields of `model` that take a number and never a boolean: pydantic reads JSON true
@@ -180,7 +158,7 @@ class _Common(_NullIsDefault):
     @model_validator(mode="before")
     @classmethod
     def _text_only(cls, data: Any) -> Any:
-        problem = _bad_text(data, "")
+        problem = bad_text(data, "")
         if problem:
             raise ValueError(f"{problem}: send plain text")
         if isinstance(data, dict):
