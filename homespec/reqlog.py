@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 LOG_NAME = "requests.jsonl"
 # A pair's acceptance "dropped" when the window is this far below its own history.
 DROP_POINTS = 0.15
@@ -53,6 +55,37 @@ class RequestLog:
                 os.close(fd)
 
 
+class _Record(BaseModel):
+    """The fields `report` reads, typed: a line whose values are not (edited by hand, or from
+    another program) is unreadable and counted, where `"time": "nope"` was a traceback."""
+
+    model_config = ConfigDict(extra="allow")
+    time: float = 0.0
+    pair: str | None = None
+    task: str | None = None
+    outcome: str | None = None
+    mode: str | None = None
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    queue_ms: float | None = None
+    tokens_per_s: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    proposed_tokens: int | None = None
+    accepted_tokens: int | None = None
+    prediction_tokens: int | None = None
+    accepted_prediction_tokens: int | None = None
+
+
+def _readable(rec: dict[str, Any]) -> bool:
+    try:
+        _Record.model_validate(rec)
+    except ValidationError:
+        return False
+    return True
+
+
 def read(path: Path) -> tuple[list[dict[str, Any]], int]:
     """(records, number of unreadable lines). A missing log is empty."""
     records, bad = [], 0
@@ -64,7 +97,7 @@ def read(path: Path) -> tuple[list[dict[str, Any]], int]:
                 except ValueError:
                     bad += 1
                     continue
-                if isinstance(rec, dict) and raw.endswith(b"\n"):
+                if isinstance(rec, dict) and raw.endswith(b"\n") and _readable(rec):
                     records.append(rec)
                 else:
                     bad += 1

@@ -64,6 +64,23 @@ def test_reader_skips_a_torn_or_foreign_line(tmp_path: Path) -> None:
     assert read(tmp_path / "missing.jsonl") == ([], 0)
 
 
+@pytest.mark.parametrize(
+    "line",
+    ['{"time": "nope"}', '{"time": 1, "outcome": "ok", "ttft_ms": "x"}', '{"pair": 3}', "[1]"],
+)
+def test_a_line_whose_fields_report_cannot_read_is_skipped_and_counted(
+    tmp_path: Path, line: str
+) -> None:
+    """Edited by hand or written by another program: counted as unreadable, not a traceback
+    from `homespec report` (float("nope")), nor a pair named 3."""
+    path = tmp_path / "requests.jsonl"
+    path.write_text(json.dumps(rec(NOW)) + "\n" + line + "\n")
+    records, bad = read(path)
+    assert records == [rec(NOW)] and bad == 1
+    rows, _ = report(records, since_s=None, by="pair", now=NOW)
+    assert [r.key for r in rows] == ["p"]
+
+
 def test_report_percentiles_accept_rate_and_speculative_share() -> None:
     records = [rec(NOW - i, ttft=100 + i, e2e=1000 + 10 * i) for i in range(20)]
     records += [rec(NOW - 1, mode="plain", proposed=0, accepted=0)]
