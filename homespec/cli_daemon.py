@@ -111,8 +111,11 @@ def reload(url: str | None, as_json: bool) -> None:
 
     code, result = DaemonClient(url).post("/homespec/reload")
     if code == 400:
-        message = (result.get("error") or {}).get("message") or "the new config was refused"
-        raise ConfigError(message, "fix models.toml and run `homespec reload` again")
+        message = (result.get("error") or {}).get("message")
+        if not message:
+            raise ConfigError("the new config was refused", "fix models.toml and reload again")
+        # The daemon's message says what to fix already (`— fix the syntax at that line`)
+        raise ConfigError(f"{message}; then run `homespec reload` again")
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

@@ -286,6 +286,9 @@ def test_reload_keeps_what_did_not_change_restarts_what_did_and_refuses_a_bad_co
         result = CliRunner().invoke(cli, ["reload", "--url", d.url])
         assert result.exit_code == 2 and "pairs.smollm2.n_ctx" in result.stderr, result.output
         assert "Traceback" not in result.output
+        # One hint, the config error's own, then what to do after it
+        assert result.stderr.count(" — ") == 1, result.stderr
+        assert "then run `homespec reload` again" in result.stderr
         # A missing model file: refused too.
         write()
         cfg.write_text(cfg.read_text().replace(str(draft), str(tmp_path / "gone.gguf")))
