@@ -120,6 +120,11 @@ def test_a_damaged_or_foreign_state_is_never_trusted() -> None:
     )
     acc = ledger.by_task["code"]["model"]
     assert acc.kept == acc.tries and acc.prior == 1.0 and set(ledger.by_task["code"]) == {"model"}
+    # JSON's Infinity and NaN (json.loads reads both): not clamped into numbers, skipped
+    for name, value in (("tries", float("inf")), ("kept", float("nan")), ("prior", float("nan"))):
+        damaged = {**raw, name: value if name == "prior" else [value] * len(raw[name])}
+        tables = {"version": state["version"], "tasks": {"code": {"model": damaged}}}
+        assert learned.restore_state(Ledger(), json.loads(json.dumps(tables))) == 0, name
     # what this process already learned wins over the file
     live = Ledger()
     live.acceptance("code")["model"].record(4, 0)

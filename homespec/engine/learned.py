@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -96,11 +97,16 @@ def restore_state(ledger: Ledger, data: Any) -> int:
         accs = {}
         for key, raw in table.items():
             try:
-                tries = [max(0.0, float(x)) for x in raw["tries"]][:MAX_K]
-                kept = [max(0.0, float(x)) for x in raw["kept"]][:MAX_K]
-                prior = min(1.0, max(0.0, float(raw["prior"])))
+                tries = [float(x) for x in raw["tries"]][:MAX_K]
+                kept = [float(x) for x in raw["kept"]][:MAX_K]
+                prior = float(raw["prior"])
             except (KeyError, TypeError, ValueError):
                 continue
+            # JSON's Infinity and NaN: clamped, they were an inf/inf acceptance, or a 0
+            if not all(math.isfinite(x) for x in (*tries, *kept, prior)):
+                continue
+            tries, kept = [max(0.0, x) for x in tries], [max(0.0, x) for x in kept]
+            prior = min(1.0, max(0.0, prior))
             if len(tries) == len(kept) == MAX_K and key in KNOWN_KEYS:
                 kept = [min(k, t) for k, t in zip(kept, tries, strict=True)]
                 accs[key] = Acceptance(tries, kept, prior)
