@@ -37,6 +37,8 @@ def verify_sha256(path: Path, expected: str | None, model: str) -> None:
         cache: dict[str, str] = json.loads(cache_path.read_text())
     except (OSError, ValueError):
         cache = {}
+    if not isinstance(cache, dict):  # damaged: checked again, and written anew below
+        cache = {}
     key = _key(path)
     if cache.get(key) == expected.lower():
         return

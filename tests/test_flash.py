@@ -244,6 +244,12 @@ def test_without_flash_attention_the_batch_size_is_timed_and_remembered(
     assert flash.remembered_batch(model, cache_file=cache) == FULL_BATCH
     assert flash.verdict("m", model, scratches(made), [7], cache_file=cache, **QUIET_BOX) == (first)
     assert timed == [1, 1]
+    # A damaged entry (no object) is none either: measured again, where it was a traceback.
+    cache.write_text(json.dumps(dict.fromkeys(data, "on")))
+    assert flash.remembered(model, cache_file=cache) is None
+    assert flash.remembered_batch(model, cache_file=cache) == FULL_BATCH
+    assert flash.verdict("m", model, scratches(made), [7], cache_file=cache, **QUIET_BOX) == (first)
+    assert timed == [1, 1, 1]
 
 
 def test_a_cpu_pair_measures_once_and_both_models_load_as_measured(

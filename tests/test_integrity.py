@@ -38,3 +38,16 @@ def test_an_unwritable_cache_still_passes_the_check(
     path, digest = model
     verify_sha256(path, digest, "m")
     assert "could not remember the sha256 check" in caplog.text
+
+
+@pytest.mark.parametrize("damaged", ["[1, 2]", '"text"', "{not json"])
+def test_a_damaged_cache_only_means_checking_again(
+    model: tuple[Path, str], tmp_path: Path, damaged: str
+) -> None:
+    """A cache that is JSON but no object was a traceback at every load (`list.get`)."""
+    cache = tmp_path / "home" / CACHE_NAME
+    cache.parent.mkdir(parents=True)
+    cache.write_text(damaged)
+    path, digest = model
+    verify_sha256(path, digest, "m")
+    assert digest in cache.read_text()

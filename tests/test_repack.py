@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,6 +117,28 @@ def test_verdicts_on_model_files_that_are_gone_are_dropped(model: Path, tmp_path
     entries = json.loads(cache.read_text())
     assert [e.get("file") for e in entries.values()] == [None, str(model.resolve())]
     assert entries["older|key"] == old_entry
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda key: ["a", "list"],
+        lambda key: {key: "yes"},
+        lambda key: {key: {"model": "m"}},
+        lambda key: {key: {"repack": "maybe"}},
+    ],
+    ids=["list", "entry-not-object", "no-repack", "repack-not-bool"],
+)
+def test_a_damaged_cache_only_means_checking_again(
+    model: Path, tmp_path: Path, damage: Any
+) -> None:
+    """Hand-edited or half-restored: an entry that is no verdict was a traceback at every
+    load of the model (`'str' object has no attribute 'get'`, KeyError 'repack')."""
+    cache = tmp_path / "canary.json"
+    cache.write_text(json.dumps(damage(repack.cache_key(model, 0))))
+    runner = Runner(CanaryRun(0, ""))
+    assert decide(model, runner, cache) == Verdict(True, "canary") and runner.calls == [True]
+    assert decide(model, Runner(), cache) == Verdict(True, "remembered")
 
 
 def test_an_unwritable_cache_only_means_checking_again(model: Path, tmp_path: Path) -> None:

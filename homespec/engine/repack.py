@@ -140,11 +140,15 @@ def cache_key(path: Path, gpu_layers: int) -> str:
 
 
 def read_cache(file: Path) -> dict[str, dict[str, object]]:
+    """The remembered verdicts by key; a damaged file or entry is none (measured again), where
+    an entry that was no object was a traceback at every load."""
     try:
         data = json.loads(file.read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, dict)}
 
 
 def remember(file: Path, key: str, entry: dict[str, object], model_file: Path) -> None:
@@ -186,10 +190,10 @@ def verdict(
         return Verdict(override, "models.toml")
     cache_file = cache_file or cache_dir() / CACHE_NAME
     key = cache_key(path, gpu_layers)
-    known = read_cache(cache_file).get(key)
-    if known is not None:
-        if known.get("broken"):
-            raise EngineError(str(known["broken"]), _BROKEN_HINT)
+    known = read_cache(cache_file).get(key) or {}
+    if known.get("broken"):
+        raise EngineError(str(known["broken"]), _BROKEN_HINT)
+    if isinstance(known.get("repack"), bool):
         return Verdict(bool(known["repack"]), "remembered", str(known.get("note", "")))
     LOG.info("canary: first decode of %s in a separate process…", model)
     first = runner(path, gpu_layers, True)
