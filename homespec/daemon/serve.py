@@ -19,6 +19,7 @@ from pathlib import Path
 
 import uvicorn
 
+from homespec.api_key import API_KEY_ENV, KEY_HINT, sendable
 from homespec.daemon import cors
 from homespec.daemon.app import create_app
 from homespec.daemon.service import DaemonConfig
@@ -29,7 +30,6 @@ from homespec.reqlog import LOG_NAME, RequestLog
 from homespec.resources import Machine, probe_machine
 
 LOG = logging.getLogger("homespec.daemon")
-API_KEY_ENV = "HOMESPEC_API_KEY"
 # What the memory watch samples, as MODULE:FUNCTION returning a resources.Machine. The tests
 # point it at a scripted probe (tests/fake_memory.py), as HOMESPEC_ENGINE points at a fake engine.
 MEMORY_PROBE_ENV = "HOMESPEC_MEMORY_PROBE"
@@ -56,13 +56,16 @@ def is_loopback(host: str) -> bool:
 def read_api_key(key_file: Path | None) -> str | None:
     if key_file is not None:
         try:
-            key = key_file.read_text().strip()
+            key = key_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(f"--api-key-file {key_file}: {exc}", "give a readable file") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"--api-key-file {key_file} is not text", KEY_HINT) from None
         if not key:
             raise ConfigError(f"--api-key-file {key_file} is empty", "put the key in it")
-        return key
-    return os.environ.get(API_KEY_ENV) or None
+        return sendable(key, f"--api-key-file {key_file}")
+    key = os.environ.get(API_KEY_ENV, "").strip()
+    return sendable(key, API_KEY_ENV) if key else None
 
 
 def build(
