@@ -169,6 +169,7 @@ def ask(
         # UTF-8 whatever the locale, with what is not kept as surrogates: named below
         text = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
         prompt = text.read()
+        text.detach()  # sys.stdin keeps its buffer (collected, the wrapper would close it)
     _text_option("standard input" if from_stdin else "PROMPT", prompt)
     _text_option("--system", system_prompt)
     for one in stop:
