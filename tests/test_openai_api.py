@@ -158,6 +158,10 @@ def test_completion_fields_that_ask_for_nothing_are_accepted() -> None:
         ({"min_p": 1.5}, "min_p"),
         ({"n_predict": 0}, "n_predict 0"),
         ({"n_predict": 5, "max_tokens": 6}, "disagree"),
+        # taken in silence, the newer name won and max_tokens was dropped
+        ({"max_tokens": 5, "max_completion_tokens": 9}, "9 and max_tokens 5 disagree"),
+        ({"n_predict": 7, "max_completion_tokens": 9}, "9 and n_predict 7 disagree"),
+        ({"max_completion_tokens": 2_000_000}, "max_completion_tokens"),
         # OpenAI's own, for what homespec does not do
         ({"modalities": ["text", "audio"]}, 'modalities=["text", "audio"]'),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio="),
@@ -232,6 +236,8 @@ def test_min_p_and_n_predict_are_honoured() -> None:
         ChatCompletionRequest.model_validate(chat(max_tokens=-2))
     same = ChatCompletionRequest.model_validate(chat(n_predict=6, max_tokens=6))
     assert same.to_generation(default_max_tokens=99).max_tokens == 6
+    both = ChatCompletionRequest.model_validate(chat(max_tokens=6, max_completion_tokens=6))
+    assert both.to_generation(default_max_tokens=99).max_tokens == 6
 
 
 def test_fields_that_ask_for_nothing_are_accepted() -> None:

@@ -295,7 +295,7 @@ class _Common(_NullIsDefault):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_048_576)
     # How the chat becomes a prompt (llama-server's and vLLM's fields, chat_template.py): a
     # last message of the assistant's is continued (a prefill) unless one of the first two
     # says otherwise; the variables go to the model's chat template.
@@ -315,6 +315,14 @@ class ChatCompletionRequest(_Common):
             raise ValueError(
                 "continue_final_message and add_generation_prompt are both true (continue "
                 "the last answer, or open a new one): send one of them"
+            )
+        older = super().asked_tokens()
+        if self.max_completion_tokens and older and older != self.max_completion_tokens:
+            name = "max_tokens" if self.max_tokens else "n_predict"
+            raise ValueError(
+                f"max_completion_tokens {self.max_completion_tokens} and {name} {older} "
+                "disagree (both cap the answer; OpenAI's newer name is max_completion_tokens): "
+                "send one of them"
             )
         taken = sorted(set(self.chat_template_kwargs or {}) & chat_template.RESERVED)
         if taken:
