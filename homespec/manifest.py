@@ -367,7 +367,7 @@ def parse_manifest(text: str, path: Path) -> Manifest:
 def load_manifest(explicit: str | os.PathLike[str] | None = None) -> Manifest:
     path = find_manifest(explicit)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a BOM (Notepad) dropped
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(
             f"{path}: cannot read: {exc}", "check the file and its permissions"

@@ -44,7 +44,7 @@ def default_workload() -> Path:
 
 def load_workload(path: Path) -> list[WorkItem]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a BOM dropped
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read workload: {exc}", "give a JSONL file") from None
     items = []

@@ -18,6 +18,8 @@ def test_a_key_file_is_read_stripped_and_the_environment_too(
     key = tmp_path / "key"
     key.write_text("  s3cret-KEY_1 \r\n")
     assert read_api_key(key) == "s3cret-KEY_1"
+    key.write_bytes(b"\xef\xbb\xbfs3cret\r\n")  # as Notepad saves it, byte order mark first
+    assert read_api_key(key) == "s3cret"
     monkeypatch.setenv("HOMESPEC_API_KEY", "abc \n")
     assert read_api_key(None) == "abc"
     assert DaemonClient("http://x").headers == {"Authorization": "Bearer abc"}

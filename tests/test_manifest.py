@@ -34,6 +34,13 @@ def test_shipped_manifest_is_valid() -> None:
     assert "draft_tokens" not in m.spec.pairs["smollm2"].model_fields_set
 
 
+def test_a_byte_order_mark_is_no_syntax_error(tmp_path: Path) -> None:
+    """Notepad saves UTF-8 with one: it was "not valid TOML: Invalid statement (at line 1)"."""
+    path = tmp_path / "models.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + BASE.encode())
+    assert load_manifest(path).default_pair == "p"
+
+
 def test_relative_paths_resolve_against_the_manifest() -> None:
     m = parse_manifest(BASE, Path("/cfg/models.toml"))
     assert m.model_path("big") == Path("/cfg/big.gguf")

@@ -77,6 +77,13 @@ def test_a_workload_string_that_is_no_text_names_its_line(
     assert str(err.value).startswith(f"{path}:2: {needle}")
 
 
+def test_a_byte_order_mark_is_no_json_error(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    line = '{"task": "t", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}'
+    path.write_bytes(b"\xef\xbb\xbf" + line.encode() + b"\n")
+    assert [item.task for item in load_workload(path)] == ["t"]
+
+
 def test_a_workload_line_may_carry_a_prediction_the_bench_sends(tmp_path: Path) -> None:
     """In-process as the request's prediction; to another server as OpenAI's field."""
     import httpx

@@ -56,7 +56,7 @@ def is_loopback(host: str) -> bool:
 def read_api_key(key_file: Path | None) -> str | None:
     if key_file is not None:
         try:
-            key = key_file.read_text(encoding="utf-8").strip()
+            key = key_file.read_text(encoding="utf-8-sig").strip()  # a BOM (Notepad) dropped
         except OSError as exc:
             raise ConfigError(f"--api-key-file {key_file}: {exc}", "give a readable file") from None
         except UnicodeDecodeError:
