@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from homespec.errors import ConfigError
 
 API_KEY_ENV = "HOMESPEC_API_KEY"
@@ -19,3 +21,9 @@ def sendable(key: str, where: str) -> str:
             f"{where}: the API key holds {what}, which no HTTP header carries", KEY_HINT
         )
     return key
+
+
+def from_env() -> str | None:
+    """$HOMESPEC_API_KEY, stripped and checked (None: unset or blank)."""
+    key = os.environ.get(API_KEY_ENV, "").strip()
+    return sendable(key, API_KEY_ENV) if key else None

@@ -176,7 +176,8 @@ def ask(
         _text_option("--stop", one)
     _text_option("--task", task)
     predicted = prediction.read() if prediction else None
-    _text_option(f"--prediction {prediction.name if prediction else ''}", predicted)
+    if prediction:
+        _text_option(f"--prediction {prediction.name}", predicted)
     if not prompt.strip():
         # An unset shell variable ("$Q") or an empty pipe: answered, it is a made-up question.
         where = "standard input was" if from_stdin else "PROMPT is"

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from homespec.api_key import API_KEY_ENV, sendable
+from homespec.api_key import from_env, sendable
 from homespec.errors import DaemonUnavailable, RequestError
 
 URL_ENV = "HOMESPEC_URL"
@@ -23,8 +23,7 @@ def daemon_url(explicit: str | None = None) -> str:
 class DaemonClient:
     def __init__(self, url: str | None = None, api_key: str | None = None) -> None:
         self.url = daemon_url(url)
-        key = (api_key or os.environ.get(API_KEY_ENV) or "").strip()
-        key = sendable(key, API_KEY_ENV if not api_key else "the client's key")
+        key = sendable(api_key.strip(), "the client's key") if api_key else from_env()
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
 
     def health(self, timeout: float = 0.5) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import uvicorn
 
-from homespec.api_key import API_KEY_ENV, KEY_HINT, sendable
+from homespec.api_key import API_KEY_ENV, KEY_HINT, from_env, sendable
 from homespec.daemon import cors
 from homespec.daemon.app import create_app
 from homespec.daemon.service import DaemonConfig
@@ -64,8 +64,7 @@ def read_api_key(key_file: Path | None) -> str | None:
         if not key:
             raise ConfigError(f"--api-key-file {key_file} is empty", "put the key in it")
         return sendable(key, f"--api-key-file {key_file}")
-    key = os.environ.get(API_KEY_ENV, "").strip()
-    return sendable(key, API_KEY_ENV) if key else None
+    return from_env()
 
 
 def build(
