@@ -35,6 +35,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-12.jsonl",
         "unseen-13.jsonl",
         "unseen-14.jsonl",
+        "unseen-15.jsonl",
     ]
 
 
