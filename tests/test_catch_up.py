@@ -365,7 +365,12 @@ def test_a_later_catch_up_is_spread_over_the_draft_models_runs_in_the_answer() -
     assert "its runs" not in pick(0.0).reason
     # Plain steps have run longer than its runs: lookup is not coming back soon.
     assert pick(11.0, streak=60).option == "model"
-    assert pick(11.0, streak=40).rival > pick(11.0, streak=20).rival > short.rival
+
+    # the draft model's estimate, chosen or not
+    def est(c: Choice) -> float:
+        return c.speedup if c.option == "model" else c.rival
+
+    assert est(pick(11.0, streak=40)) > est(pick(11.0, streak=20)) > short.rival
     # Caught up (a step's own lag), there is no catch-up to spread.
     assert pick(11.0, lag=2).speedup == pytest.approx(pick(0.0, lag=2).speedup)
 
@@ -396,3 +401,50 @@ def test_shared_prefix_finds_a_parting_at_every_position(length: int) -> None:
         cached = [*history[:at], -1, *history[at + 1 :]]
         assert shared_prefix(cached, history) == at
     assert shared_prefix(history, [*history, 5]) == length
+
+
+def test_a_draft_model_behind_the_history_that_would_pay_is_caught_up_now_not_never() -> None:
+    """Every plain step puts a lagging draft model a token further behind, with a token less
+    of the answer to pay its catch-up back, so its estimate only falls: at 1.01x plain on a
+    new task (a FizzBuzz answer, fixed-cost replay) it was left for a few steps under the 2.5%
+    any drafter needs over plain, fell to 0.61x and never ran, where forced it ran 1.46x plain.
+    So a catch-up that pays at all is made at once; a draft model already caught up, whose
+    estimate waiting does not lower, still needs the margin."""
+    from homespec.engine.governor import HYSTERESIS, RELAG, plain_ms
+
+    base = Inputs(
+        DEMO_TARGET,
+        7.1,
+        0.01,
+        {"ngram": Acceptance(), "model": seen(0.9)},
+        0,
+        8,
+        1,
+        "none",
+        draft_curve=DEMO_DRAFT,
+    )
+
+    def speedup(inp: Inputs) -> float:
+        est = best_k(inp, "model")
+        plain = plain_ms(inp)
+        assert est is not None and plain is not None
+        return est.tokens_per_ms * plain
+
+    # A lagging draft model whose estimate lands just over plain, under plain + the margin.
+    behind = [replace(base, model_lag=40, horizon=h) for h in range(8, 400)]
+    marginal = [i for i in behind if 1.0 < speedup(i) <= 1 + HYSTERESIS / 2]
+    assert marginal, "no horizon prices the catch-up within the margin"
+    for inp in marginal:
+        c = choose(inp)
+        assert c.option == "model" and "catching up on 40 tokens first" in c.reason, c
+    # Priced below plain it waits (plain), as before.
+    losing = [i for i in behind if speedup(i) < 1.0]
+    assert losing and all(choose(i).option == "none" for i in losing)
+    # Caught up (a lag of RELAG or less is every step's own), the margin holds.
+    rates = [r / 1000 for r in range(300, 1000)]
+    level = [
+        replace(base, acceptance={"ngram": Acceptance(), "model": seen(r)}, model_lag=RELAG)
+        for r in rates
+    ]
+    near = [i for i in level if 1.0 < speedup(i) <= 1 + HYSTERESIS / 2]
+    assert near and all(choose(i).option == "none" for i in near)

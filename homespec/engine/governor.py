@@ -274,7 +274,11 @@ def choose(inp: Inputs) -> Choice:
         and best.tokens_per_ms < held.tokens_per_ms * (1 + HYSTERESIS)
     ):
         best = held  # not clearly better: keep what is in use
-    if best is not None and best.tokens_per_ms <= plain * (1 + HYSTERESIS / 2):
+    # A draft model behind the history is now or never: every plain step puts it a token
+    # further behind with a token less to pay the catch-up back, so its estimate only falls.
+    decaying = best is not None and best.option == "model" and inp.model_lag > RELAG
+    margin = 0.0 if decaying else HYSTERESIS / 2
+    if best is not None and best.tokens_per_ms <= plain * (1 + margin):
         best = None
 
     def others(chosen: Option) -> str:
