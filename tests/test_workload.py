@@ -36,6 +36,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-13.jsonl",
         "unseen-14.jsonl",
         "unseen-15.jsonl",
+        "unseen-16.jsonl",
     ]
 
 
