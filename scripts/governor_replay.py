@@ -254,8 +254,9 @@ def pin_costs(rt: PairRuntime, table: dict[str, dict[int, float]], clock: Clock)
 
 class Tracer:
     """One line per verify step of an answer: what the governor saw (lag: tokens the draft
-    model is behind; match: n-gram proposal length/match length; horizon: answer tokens still
-    expected), what it chose, and how many drafts were kept."""
+    model is behind; match: n-gram proposal length/match length, then where it was found, m for
+    an earlier request (the memory), p for the prediction, and c where it is contested;
+    horizon: answer tokens still expected), what it chose, and how many drafts were kept."""
 
     def __init__(self, rt: PairRuntime, clock: Clock, live: bool = False) -> None:
         self.rt, self.clock, self.last, self.live = rt, clock, 0.0, live
@@ -299,6 +300,10 @@ class Tracer:
         inp, c = seen
         acc = inp.acceptance["ngram"]
         rates = " ".join(f"{acc.rate(i, acc.prior):.2f}" for i in range(4))
+        ngram = self.rt.ngram
+        where = ("m" if ngram.from_memory else "p" if ngram.from_prediction else " ") + (
+            "c" if ngram.contested else " "
+        )
         # ms per committed token: the governor's estimate (plain's cost over its speedup; a
         # catch-up spread over the horizon is in it) and this step's; and the verify's price
         plain = plain_ms(inp)
@@ -309,8 +314,8 @@ class Tracer:
         self.lines.append(
             f"{head} {c.option:5s} k={c.k:<2d} kept {kept}/{proposed}"
             f" ms/tok est {est} got {ms / (kept + 1):5.1f} {verify}"
-            f"  lag {inp.model_lag:3d} match {inp.ngram_match:2d}/{self.rt.ngram.match_len:<2d}"
-            f" [{rates}] hor {inp.horizon:3d} upk {inp.upkeep:4.1f} | {c.reason[:90]}"
+            f"  lag {inp.model_lag:3d} match {inp.ngram_match:2d}/{ngram.match_len:<2d}"
+            f"{where} [{rates}] hor {inp.horizon:3d} upk {inp.upkeep:4.1f} | {c.reason[:90]}"
         )
 
     def take(self) -> list[str]:
