@@ -37,6 +37,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-14.jsonl",
         "unseen-15.jsonl",
         "unseen-16.jsonl",
+        "unseen-17.jsonl",
     ]
 
 
