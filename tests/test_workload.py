@@ -1,5 +1,5 @@
 """The workloads the repository ships: the bench's default one and the held-out ones under
-scripts/workloads/ that README's "Where auto still falls short" was measured on."""
+scripts/workloads/ that docs/HELD_OUT.md and the README's "On prompts it had not seen" report."""
 
 from __future__ import annotations
 
