@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/governor_replay.py [--workload F] [--task T,…] [--modes plain,auto]
         [--costs cpu|gpu|h100|FILE.json] [--pair NAME] [--why] [--trace] [--json OUT.json]
-        [--no-task] [--chatter] [--oracle-horizon]
+        [--no-task] [--chatter] [--oracle-horizon] [--calibration]
 
 On a 2-core box one bench run's ratios swing by 10–20%: the machine's speed wanders, and the
 governor, which decides from the costs it measures, decides differently from run to run (one
@@ -30,6 +30,14 @@ kept current from real steps) and times every request by the clock: with `--trac
 real ms per committed token beside what the governor expected of it, to check its cost model
 against the machine (the figures are this run's, not reproducible ones).
 
+`--calibration` checks lookup's acceptance estimates against what its drafts kept: every
+n-gram draft of an `auto` answer past its first step (which carries the prompt), position by
+position, as the governor estimated it (the chance a position is kept, given the ones before
+it were) against how often it was; and per kind of match (where it was found, its length's
+bucket) what those drafts gained over the plain steps that would have committed the same tokens
+at these costs. A bias there is a pricing fault; losses on a table that is right on average
+are single answers' luck.
+
 `--oracle-horizon` tells the governor how long each answer will run (its plain answer's
 length) from its first token: the ceiling of predicting answer lengths. What `auto` trails the
 best forced mode by with it is the pricing's; what it gains over `auto` without it is what a
@@ -44,8 +52,10 @@ on a fixed chat: the same every time); the thread adapter is off (no timings to 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -67,7 +77,7 @@ from homespec.bench import (
 from homespec.engine import generate as loop
 from homespec.engine.calibration import agreement, calibrate
 from homespec.engine.drafters import Proposal
-from homespec.engine.estimates import CostCurve
+from homespec.engine.estimates import CostCurve, expected_by_length, match_bucket
 from homespec.engine.generate import generate
 from homespec.engine.governor import plain_ms
 from homespec.engine.governor_types import Choice, Inputs
@@ -252,14 +262,88 @@ def pin_costs(rt: PairRuntime, table: dict[str, dict[int, float]], clock: Clock)
         ctx._decode = priced  # type: ignore[method-assign]
 
 
+class LookupCalibration:
+    """Lookup's drafts, each as the governor priced it and as it came out (see --calibration)."""
+
+    def __init__(self) -> None:
+        # (position 1-4, the estimate's tenth) -> [drafts, sum of estimates, kept]
+        self.by_estimate: defaultdict[tuple[int, int], list[float]] = defaultdict(
+            lambda: [0, 0.0, 0]
+        )
+        # (where the match was found, bucket) -> [drafts, sum of position-1 estimates, kept
+        # at position 1, step ms, ms that plain steps would have taken for its tokens]
+        self.by_kind: defaultdict[tuple[str, int], list[float]] = defaultdict(
+            lambda: [0, 0.0, 0, 0.0, 0.0]
+        )
+
+    def record(
+        self,
+        kind: str,
+        bucket: int,
+        estimates: list[float],
+        proposed: int,
+        kept: int,
+        step_ms: float,
+        plain: float,
+    ) -> None:
+        for i, est in enumerate(estimates[:proposed]):
+            if i > kept:  # a position after the first rejected one was not tried
+                break
+            row = self.by_estimate[(i + 1, round(est * 10))]
+            row[0] += 1
+            row[1] += est
+            row[2] += i < kept
+        row = self.by_kind[(kind, bucket)]
+        row[0] += 1
+        row[1] += estimates[0]
+        row[2] += kept > 0
+        row[3] += step_ms
+        row[4] += (kept + 1) * plain
+
+    def render(self) -> str:
+        out = ["lookup drafts past an answer's first step: position, estimate -> kept"]
+        for (pos, tenth), (n, est, hit) in sorted(self.by_estimate.items()):
+            out.append(
+                f"  pos {pos} est ~{tenth / 10:.1f}: {int(n):5d} drafts, est {est / n:.2f}"
+                f" kept {hit / n:.2f}"
+            )
+        out.append("by where the match was found and its bucket (position 1; gain over plain)")
+        total = 0.0
+        for (kind, bucket), (n, est, hit, ms, plain) in sorted(self.by_kind.items()):
+            total += plain - ms
+            out.append(
+                f"  {kind:10s} {bucket:2d}: {int(n):5d} drafts, est {est / n:.2f} kept"
+                f" {hit / n:.2f}, gained {(plain - ms) / 1000:+8.2f} s"
+            )
+        out.append(f"  all drafts gained {total / 1000:+.2f} s over plain steps")
+        return "\n".join(out)
+
+
+def conditional_rates(estimates: list[float]) -> list[float]:
+    """Position i's chance of being kept given i-1 were, from expected tokens by length."""
+    rates, survive, before = [], 1.0, 1.0
+    for total in estimates:
+        now = total - before
+        rates.append(now / survive if survive else 0.0)
+        survive, before = now, total
+    return rates
+
+
 class Tracer:
     """One line per verify step of an answer: what the governor saw (lag: tokens the draft
     model is behind; match: n-gram proposal length/match length, then where it was found, m for
     an earlier request (the memory), p for the prediction, and c where it is contested;
     horizon: answer tokens still expected), what it chose, and how many drafts were kept."""
 
-    def __init__(self, rt: PairRuntime, clock: Clock, live: bool = False) -> None:
+    def __init__(
+        self,
+        rt: PairRuntime,
+        clock: Clock,
+        live: bool = False,
+        calibration: LookupCalibration | None = None,
+    ) -> None:
         self.rt, self.clock, self.last, self.live = rt, clock, 0.0, live
+        self.calibration = calibration
         self.lines: list[str] = []
         self.on = False
         self._seen: tuple[Inputs, Choice] | None = None
@@ -308,6 +392,26 @@ class Tracer:
         # catch-up spread over the horizon is in it) and this step's; and the verify's price
         plain = plain_ms(inp)
         est = f"{plain / c.speedup:5.1f}" if plain and c.speedup else "    ?"
+        if self.calibration is not None and c.option == "ngram" and self.lines and plain:
+            kind = (
+                "memory"
+                if ngram.from_memory
+                else "prediction"
+                if ngram.from_prediction
+                else "contested"
+                if ngram.contested
+                else "request"
+            )
+            ladder = list(itertools.islice(expected_by_length(acc, acc.prior), 4))
+            self.calibration.record(
+                kind,
+                match_bucket(ngram.match_len),
+                conditional_rates(ladder),
+                proposed,
+                kept,
+                ms,
+                plain,
+            )
         verify = f"verify est {inp.verify.at(proposed + 1) or 0.0:4.0f}"
         if self.live:  # and what it took, at this depth of the context
             verify += f" got {self.verify_ms:4.0f} at {len(self.rt.target.tokens):4d}"
@@ -368,6 +472,11 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="print every step of each auto answer")
     ap.add_argument("--json", type=Path, help="write the table's rows here")
     ap.add_argument(
+        "--calibration",
+        action="store_true",
+        help="after the table, lookup's estimates against what its drafts kept (see above)",
+    )
+    ap.add_argument(
         "--no-task",
         action="store_true",
         help="send no task, as an OpenAI client does (the table still groups by task)",
@@ -403,7 +512,8 @@ def main() -> None:
             rt.ledger.agreement = agreement(rt)  # before pin_costs: its decodes are not priced
             pin_costs(rt, cost_table(args.costs), clock)
             pin_steps(rt, step_table(args.costs), clock)
-        tracer = Tracer(rt, clock, live) if args.trace else None
+        calibration = LookupCalibration() if args.calibration else None
+        tracer = Tracer(rt, clock, live, calibration) if args.trace or calibration else None
         length = [0]  # this prompt's answer length, for --oracle-horizon
         if args.oracle_horizon:
             oracle_horizon(rt, length)
@@ -431,10 +541,14 @@ def main() -> None:
                 if args.why and mode == AUTO:
                     print(f"    {run.stats.reason}")
                 if tracer is not None:
-                    print("\n".join(tracer.take()))
+                    lines = tracer.take()
+                    if args.trace:
+                        print("\n".join(lines))
     rows = summarize(runs)
     print(f"ms, tok/s and speedups priced at the {args.costs} costs")
     print(render_table(rows))
+    if calibration is not None:
+        print(calibration.render())
     if args.json:
         report = {"costs": args.costs, "tasks": [r.to_dict() for r in rows]}
         args.json.write_text(json.dumps(report, indent=1))
