@@ -67,13 +67,13 @@ import homespec.engine.llama_backend  # noqa: F401  (llama.cpp's library before 
 from homespec.bench import (
     AUTO,
     PLAIN,
-    WARM_UP,
     Run,
     _another_chat,
     _request,
     render_table,
     summarize,
 )
+from homespec.bench_remote import WARM_UP
 from homespec.engine import generate as loop
 from homespec.engine.calibration import agreement, calibrate
 from homespec.engine.drafters import Proposal
@@ -321,7 +321,8 @@ class LookupCalibration:
 
 def conditional_rates(estimates: list[float]) -> list[float]:
     """Position i's chance of being kept given i-1 were, from expected tokens by length."""
-    rates, survive, before = [], 1.0, 1.0
+    rates: list[float] = []
+    survive, before = 1.0, 1.0
     for total in estimates:
         now = total - before
         rates.append(now / survive if survive else 0.0)
@@ -520,6 +521,8 @@ def main() -> None:
         for idx, item in enumerate(items):
             if args.chatter:
                 length[0] = 0  # a greeting's length is not known: no catch-up for it
+                if tracer is not None:
+                    tracer.on = False  # the greeting is not one of the workload's answers
                 talk = [Message(m["role"], m["content"]) for m in WARM_UP]
                 hello = _request(WorkItem("chatter", talk, 8, 0), AUTO, 0.0, None, remember=True)
                 run_priced(rt, replace(hello, task=None), clock)
