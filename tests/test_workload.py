@@ -38,6 +38,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-15.jsonl",
         "unseen-16.jsonl",
         "unseen-17.jsonl",
+        "unseen-18.jsonl",
     ]
 
 
