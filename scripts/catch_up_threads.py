@@ -4,7 +4,7 @@
     .venv/bin/python scripts/catch_up_threads.py [--pair NAME] [--lag 200] [--rounds 3]
 
 A draft model behind the history catches up in one batched decode, and the answer stalls for
-it (docs/ARCHITECTURE.md, "What the CPU's catch-up rules cost"). The alternative: the draft
+it (docs/GOVERNOR_EVIDENCE.md, "What the CPU's catch-up rules cost"). The alternative: the draft
 catches up on some of the pair's CPU threads while the target steps on with the rest. Whether
 that pays depends on how much the target slows on fewer threads. On the 2-core machine here it
 did not (1.3× a step on 1 thread of 2; the docs have the arithmetic); on a CPU whose decode is

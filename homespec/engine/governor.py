@@ -120,7 +120,7 @@ STRETCH = 0.9  # an untried draft-model position: this times the estimate of the
 # may end sooner: it is priced at this multiple. (At 1, the demo draft caught up on a 250-token
 # extraction prompt for an estimated 1.35x and the answer came 20% slower than by n-gram; in
 # fixed-cost replay at 1, a new task's 53-token answer, expected at 95, ran 0.92x plain, while
-# a 181-token one expected at 49 gained 1.06x -> 1.34x: docs/ARCHITECTURE.md, catch-up rules.)
+# a 181-token one expected at 49 gained 1.06x -> 1.34x: docs/GOVERNOR_EVIDENCE.md, catch-up rules.)
 CATCH_UP_RISK = 2.0
 
 
