@@ -35,8 +35,9 @@ n-gram draft of an `auto` answer past its first step (which carries the prompt),
 position, as the governor estimated it (the chance a position is kept, given the ones before
 it were) against how often it was; and per kind of match (where it was found, its length's
 bucket) what those drafts gained over the plain steps that would have committed the same tokens
-at these costs. A bias there is a pricing fault; losses on a table that is right on average
-are single answers' luck.
+at these costs; and by the step's estimated speedup over plain, what those bets realized (do
+the marginal ones, just past the margin a drafter must beat plain by, pay?). A bias there is a
+pricing fault; losses on a table that is right on average are single answers' luck.
 
 `--oracle-horizon` tells the governor how long each answer will run (its plain answer's
 length) from its first token: the ceiling of predicting answer lengths. What `auto` trails the
@@ -345,6 +346,7 @@ class Tracer:
                 kept,
                 ms,
                 plain,
+                c.speedup,
             )
         verify = f"verify est {inp.verify.at(proposed + 1) or 0.0:4.0f}"
         if self.live:  # and what it took, at this depth of the context

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+SPEEDUP_EDGES = (1.0, 1.05, 1.1, 1.2, 1.5, 2.0, 3.0)
+
 
 class LookupCalibration:
     """Lookup's drafts, each as the governor priced it and as it came out (see --calibration)."""
@@ -19,6 +21,9 @@ class LookupCalibration:
         self.by_kind: defaultdict[tuple[str, int], list[float]] = defaultdict(
             lambda: [0, 0.0, 0, 0.0, 0.0]
         )
+        # the step's estimated speedup over plain, binned -> [drafts, sum of estimates, step ms,
+        # ms that plain steps would have taken for its tokens]: do the marginal bets pay?
+        self.by_speedup: defaultdict[float, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
 
     def record(
         self,
@@ -29,6 +34,7 @@ class LookupCalibration:
         kept: int,
         step_ms: float,
         plain: float,
+        speedup: float,
     ) -> None:
         for i, est in enumerate(estimates[:proposed]):
             if i > kept:  # a position after the first rejected one was not tried
@@ -43,6 +49,12 @@ class LookupCalibration:
         row[2] += kept > 0
         row[3] += step_ms
         row[4] += (kept + 1) * plain
+        edge = max((e for e in SPEEDUP_EDGES if e <= speedup), default=0.0)
+        row = self.by_speedup[edge]
+        row[0] += 1
+        row[1] += speedup
+        row[2] += step_ms
+        row[3] += (kept + 1) * plain
 
     def render(self) -> str:
         out = ["lookup drafts past an answer's first step: position, estimate -> kept"]
@@ -60,6 +72,14 @@ class LookupCalibration:
                 f" {hit / n:.2f}, gained {(plain - ms) / 1000:+8.2f} s"
             )
         out.append(f"  all drafts gained {total / 1000:+.2f} s over plain steps")
+        out.append(
+            "by the step's estimated speedup over plain (realized: plain's ms for its tokens / ms)"
+        )
+        for edge, (n, est, ms, plain) in sorted(self.by_speedup.items()):
+            out.append(
+                f"  est >= {edge:4.2f}: {int(n):5d} drafts, est {est / n:.2f}x, realized"
+                f" {plain / ms:.2f}x, gained {(plain - ms) / 1000:+8.2f} s"
+            )
         return "\n".join(out)
 
 
