@@ -200,6 +200,8 @@ def status(url: str | None, as_json: bool) -> None:
             click.echo(
                 f"{'':<14}        draft agrees with the target on {agree:.0%} of next tokens"
             )
+        if costs.get("draft_catch_up"):
+            click.echo(f"{'':<14}        draft {costs['draft_catch_up']}")
         if costs.get("step_overhead_ms"):
             own = ", ".join(f"{k} {ms:.2f}" for k, ms in costs["step_overhead_ms"].items())
             click.echo(f"{'':<14}        homespec's own work a step beyond its decodes, ms: {own}")

@@ -349,7 +349,9 @@ def own_work(costs: dict[str, Any]) -> str:
 def catch_up_note(costs: dict[str, Any], draft_type: str) -> str | None:
     """What the draft model's catch-ups cost where that keeps it off answers, from the
     largest decode both curves measured; None where it catches up cheaply (a GPU, or a
-    draft type with fast batch kernels)."""
+    draft type with fast batch kernels, or a draft that copies the target's cache)."""
+    if costs.get("copy_ms_per_token") is not None:
+        return None
     verify = {int(n): float(ms) for n, ms in costs.get("verify_ms", {}).items()}
     draft = {int(n): float(ms) for n, ms in (costs.get("draft_ms") or {}).items()}
     sizes = sorted(n for n in set(verify) & set(draft) if n > 1)
@@ -410,6 +412,8 @@ def render_pair(r: PairReport) -> list[str]:
             lines.append(
                 f"          the draft model agrees with the target on {agree:.0%} of next tokens"
             )
+        if r.costs.get("draft_catch_up"):
+            lines.append(f"          the draft model {r.costs['draft_catch_up']}")
         if r.costs.get("step_overhead_ms"):
             lines.append(
                 f"          homespec's own work a step beyond its decodes: {own_work(r.costs)}"

@@ -51,7 +51,14 @@ def main(argv: list[str]) -> int:
         verify, draft = dict(rt.ledger.verify.points), dict(rt.ledger.draft.points)
         measure_steps(rt)  # homespec's own work per step, after the decodes' costs are taken
         step_ms = costs_now(rt).step_ms
-        costs = cost_report(verify, draft, rt.ledger.agreement, step_ms)
+        costs = cost_report(
+            verify,
+            draft,
+            rt.ledger.agreement,
+            step_ms,
+            rt.sharing.why,
+            rt.ledger.copy_per_token,
+        )
         print(json.dumps({"memory": rows, "costs": costs}))
     return 0
 

@@ -20,9 +20,12 @@ What it does not measure: whether the table is this machine's. `cpu` is the demo
 (issue 8's llama-bench figures), `h100` the demo pair on one H100 as homespec measured it
 in-process, with each step's own work priced too (the Python around the decodes, about a
 millisecond there: STEPS), FILE a JSON object {"verify": {"1": ms, …}, "draft": {"1": ms, …},
-"step": {"plain": ms, "drafting": ms, "lookup": ms, "choice": ms}} (ms of one decode by
-tokens in it; `homespec doctor --measure` prints this machine's; "step", optional, what a step
-costs beyond its decodes, by STEPS' kinds: scripts/step_overhead.py measures it). Speed claims
+"step": {"plain": ms, "drafting": ms, "lookup": ms, "choice": ms}, "copy": ms} (ms of one
+decode by tokens in it; `homespec doctor --measure` prints this machine's; "step", optional,
+what a step costs beyond its decodes, by STEPS' kinds: scripts/step_overhead.py measures it;
+"copy", optional, ms per token the target holds that copying its cache into the draft model
+costs, where the pair's draft reads the target's cache: engine/cache_share.py; without one,
+as on the GPU presets, the draft model decodes every catch-up). Speed claims
 still come from `homespec bench`; this says whether a decision change helps at given costs.
 
 `--costs live` gives the governor this machine's costs as the engine does (calibrated at load,
@@ -77,7 +80,8 @@ from homespec.bench import (
 )
 from homespec.bench_remote import WARM_UP
 from homespec.engine import generate as loop
-from homespec.engine.calibration import agreement, calibrate
+from homespec.engine.cache_share import Sharing
+from homespec.engine.calibration import agreement, calibrate, probe_sharing, share_cache
 from homespec.engine.drafters import Proposal
 from homespec.engine.estimates import CostCurve, expected_by_length, match_bucket
 from homespec.engine.generate import generate
@@ -124,6 +128,9 @@ STEPS: dict[str, dict[str, float]] = {
     "h100": {"plain": 0.15, "drafting": 1.0, "lookup": 0.06, "glance": 0.03, "choice": 0.22}
 }
 STEP_KINDS = ("plain", "drafting", "lookup", "glance", "choice")
+# ms per token the target holds, to copy its cache into the draft model (engine/cache_share.py):
+# on the 2-core box, 1.2 ms for 64 tokens, 5.3 for 256, 9.5 for 512, 32 for 1,900
+COPIES: dict[str, float] = {"cpu": 0.02}
 LIVE = "live"  # --costs: this machine's, measured, and the clock's time
 
 
@@ -161,6 +168,30 @@ def step_table(spec: str) -> dict[str, float]:
         return STEPS.get(spec, {})
     raw = json.loads(Path(spec).read_text()).get("step", {})
     return {kind: float(raw.get(kind, 0.0)) for kind in STEP_KINDS}
+
+
+def copy_price(spec: str) -> float | None:
+    """A preset's copy price (COPIES), or a JSON file's optional "copy" (None: none)."""
+    if spec in PRESETS:
+        return COPIES.get(spec)
+    raw = json.loads(Path(spec).read_text()).get("copy")
+    return None if raw is None else float(raw)
+
+
+def pin_copies(rt: PairRuntime, per_token: float | None, clock: Clock) -> None:
+    """Price each copy of the target's cache into the draft model at `per_token` ms per token
+    the target holds, on clock[0] and in the governor's estimate alike; none where the table
+    has no price (the draft model then decodes every catch-up, as it does where its cache is
+    not the target's shape)."""
+    if per_token is None or not rt.sharing.on:
+        share_cache(rt, Sharing(False, "decodes the history itself: the cost table prices no copy"))
+        return
+    rt.ledger.copy_per_token = per_token
+
+    def copied(cells: int, ms: float) -> None:
+        clock[0] += per_token * cells
+
+    rt.ledger.observe_copy = copied  # type: ignore[method-assign]
 
 
 def pin_steps(rt: PairRuntime, steps: dict[str, float], clock: Clock) -> None:
@@ -370,7 +401,9 @@ def oracle_horizon(rt: PairRuntime, length: list[int]) -> None:
     between this and the best forced mode is the pricing's (the catch-up's risk, the
     estimates)."""
 
-    def known(task: str | None, generated: int, room: int, lag: int = 0) -> int:
+    def known(
+        task: str | None, generated: int, room: int, lag: int = 0, cells: int | None = None
+    ) -> int:
         return max(0, min(room, length[0] - generated))
 
     rt.ledger.horizon = known  # type: ignore[method-assign]
@@ -446,7 +479,9 @@ def main() -> None:
             calibrate(rt)  # as the engine does at load; its agreement included
         else:
             rt.ledger.agreement = agreement(rt)  # before pin_costs: its decodes are not priced
+            share_cache(rt, probe_sharing(rt, rt.ledger.agreement))
             pin_costs(rt, cost_table(args.costs), clock)
+            pin_copies(rt, copy_price(args.costs), clock)
             pin_steps(rt, step_table(args.costs), clock)
         calibration = LookupCalibration() if args.calibration else None
         tracer = Tracer(rt, clock, live, calibration) if args.trace or calibration else None

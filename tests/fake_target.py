@@ -34,6 +34,13 @@ CYCLE = b"abcdefghijklmnopqrstuvwxyz "
 
 
 class FakeVocab:
+    # None: a cache nothing else can stand for (the default); a test of catching up by copy
+    # gives target and draft the same shape (engine/cache_share.py)
+    shape: tuple[int, ...] | None = None
+
+    def cache_shape(self) -> tuple[int, ...] | None:
+        return self.shape
+
     def tokenize(self, text: str, *, special: bool, add_bos: bool | None = None) -> list[int]:
         bos = [BOS] if (special if add_bos is None else add_bos) else []
         if not special:
@@ -96,6 +103,7 @@ class FakeTarget:
         self.fault = fault  # die by SIGSEGV at the first decode, as a native crash would
         self.tokens: list[int] = []
         self.decodes = 0
+        self.restores = 0
         # One buffer that every decode overwrites, handed out as a read-only view: the real
         # context's contract, so a caller that keeps logits past the next decode, or writes
         # to them, fails here too.
@@ -161,8 +169,10 @@ class FakeTarget:
     def snapshot(self) -> bytearray:
         return bytearray(np.asarray(self.tokens, dtype=np.int32).tobytes())
 
-    def restore(self, tokens: list[int], data: bytearray) -> None:
+    def restore(self, tokens: list[int], data: bytearray) -> bool:
         held = np.frombuffer(bytes(data), dtype=np.int32).tolist()
         if held != tokens:  # a snapshot restored under another conversation's tokens
             raise AssertionError(f"snapshot of {len(held)} tokens restored as {len(tokens)}")
         self.tokens = list(tokens)
+        self.restores += 1
+        return True

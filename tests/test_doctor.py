@@ -212,6 +212,10 @@ def test_prediction_within_15_percent_of_measured_memory(demo_manifest: Manifest
     # and how often the draft predicts the target's next token: the demo draft is the target's
     # own model quantized to 4 bits, so nearly always
     assert 0.8 <= found["costs"]["draft_agreement"] <= 1.0
+    # and, being that, it reads the target's cache: its catch-ups are copies, their cost
+    # a few hundredths of a ms a token moved (engine/cache_share.py)
+    assert found["costs"]["draft_catch_up"].startswith("catches up by copying the target's")
+    assert 0 < found["costs"]["copy_ms_per_token"] < 1.0
     # and homespec's own work a step, from a plain answer and one n-gram lookup drafts
     own = found["costs"]["step_overhead_ms"]
     assert own["plain"] > 0 and own["n-gram"] > 0
@@ -264,6 +268,8 @@ def test_a_draft_that_catches_up_dearly_is_said_so_with_its_figures() -> None:
     # Nothing measured for the draft model (an n-gram pair), or only one-token decodes.
     assert catch_up_note({"verify_ms": {"1": 20.0, "8": 40.0}}, "") is None
     assert catch_up_note({"verify_ms": {"1": 20.0}, "draft_ms": {"1": 7.5}}, "Q4_1") is None
+    # A draft that copies the target's cache catches up without decoding: nothing to say.
+    assert catch_up_note({**cpu, "copy_ms_per_token": 0.02}, "Q4_1") is None
 
 
 def test_doctor_says_homespecs_own_work_a_step_and_a_plain_steps_share_of_a_decode() -> None:

@@ -490,3 +490,44 @@ def test_a_prediction_speeds_the_answer_it_predicts_and_changes_none(demo_pair: 
     sampled, _, _ = run(rt, speculative=False, **hot)
     text, s, _ = run(rt, prediction=sampled, **hot)
     assert text == sampled and s.accepted_prediction_tokens > 0
+
+
+def test_the_demo_draft_catches_up_by_copying_the_targets_cache_and_answers_stay_plains(
+    demo_pair: LoadedPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo draft is the target's own model at 4 bits: its cache has the target's shape,
+    and reading the target's keys and values it predicts the target's next token as often as
+    reading its own (engine/cache_share.py). Calibrated, the pair catches the draft model up on
+    each new prompt by a copy, not a decode of the prompt, and its answers are plain's."""
+    from homespec.engine import cache_share
+    from homespec.engine.calibration import calibrate
+
+    session = demo_pair.runtime
+    fields = {f.name: getattr(session, f.name) for f in dataclasses.fields(session) if f.init}
+    rt = PairRuntime(**{**fields, "ledger": Ledger()})  # the session's costs stay unmeasured
+    assert rt.draft is not None
+    copies: list[float] = []
+    timed_copy = cache_share.timed_copy
+
+    def counted(target: Any, draft: Any) -> float | None:
+        ms = timed_copy(target, draft)
+        copies.append(-1.0 if ms is None else ms)
+        return ms
+
+    try:
+        calibrate(rt)
+        assert rt.sharing.on, rt.sharing.why
+        assert rt.ledger.copy_per_token is not None and rt.draft.catch_up is not None
+        monkeypatch.setattr(cache_share, "timed_copy", counted)
+        for prompt in PROMPTS[:2]:
+            kw: dict[str, Any] = {"messages": chat(prompt), "max_tokens": 64, "remember": False}
+            plain, _, _ = run(rt, speculative=False, **kw)
+            rt.clear_caches()  # nothing cached: the draft model is the whole prompt behind
+            before = len(copies)
+            text, stats, _ = run(rt, speculative=True, drafter="model", **kw)
+            assert text == plain
+            assert len(copies) > before and min(copies) >= 0  # caught up by copy, every copy took
+            assert stats.accept_rate is not None and stats.accept_rate > 0.8
+    finally:
+        rt.draft.catch_up = None  # the session's pair decodes its catch-ups, as before
+        rt.clear_caches()

@@ -114,9 +114,9 @@ class SlowCopies(FakeTarget):
         time.sleep(self.copy_s * len(self.tokens))
         return super().snapshot()
 
-    def restore(self, tokens: list[int], data: bytearray) -> None:
+    def restore(self, tokens: list[int], data: bytearray) -> bool:
         time.sleep(self.copy_s * len(tokens))
-        super().restore(tokens, data)
+        return super().restore(tokens, data)
 
 
 def test_a_cache_measures_its_copies_and_stops_saving_where_they_cost_like_reads(
@@ -160,8 +160,8 @@ class Counting(FakeTarget):
         data = super().snapshot()
         return data + bytearray(len(self.tokens) * (1 << 20) - len(data))
 
-    def restore(self, tokens: list[int], data: bytearray) -> None:
-        super().restore(tokens, data[: 4 * len(tokens)])
+    def restore(self, tokens: list[int], data: bytearray) -> bool:
+        return super().restore(tokens, data[: 4 * len(tokens)])
 
 
 def test_the_budget_keeps_the_most_recently_used_and_drops_extended_copies() -> None:

@@ -34,7 +34,14 @@ def engine_report(info: EngineInfo) -> dict[str, Any]:
             "draft_loaded": info.draft_loaded,
             "load_ms": {role: round(ms) for role, ms in info.load_ms.items()},
         },
-        "costs": cost_report(info.verify_ms, info.draft_ms, info.agreement, info.step_ms),
+        "costs": cost_report(
+            info.verify_ms,
+            info.draft_ms,
+            info.agreement,
+            info.step_ms,
+            info.catch_up,
+            info.copy_per_token,
+        ),
         "prompt_cache": cache_report(info.copy_ms, info.read_ms),
         "repack": {
             role: {"repack": v.repack, "source": v.source, "note": v.note or None}

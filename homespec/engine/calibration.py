@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from homespec.engine import cache_share
+from homespec.engine.cache_share import Sharing
 from homespec.engine.chat_text import chat_tokens
 from homespec.engine.estimates import DRAFT_SIZES, VERIFY_SIZES, CostCurve
 from homespec.engine.generate import complete
@@ -97,12 +99,14 @@ def decode_costs(
     return out
 
 
-def agreement(rt: PairRuntime) -> float | None:
+def agreement(rt: PairRuntime, *, shared: bool = False) -> float | None:
     """The share of next-token predictions on which the draft model's argmax is the target's,
     along a fixed chat (AGREEMENT_CHAT) that both read: about the draft's acceptance at
     position 1 at temperature 0. None without a draft model, or where the chat does not fit.
     One target decode with logits at every compared position; the draft, whose context keeps
-    the logits of one position only, one decode per position. Leaves both caches empty."""
+    the logits of one position only, one decode per position. `shared`: the draft reads the
+    chat's question from a copy of the target's cache (engine/cache_share.py; None where that
+    copy fails). Leaves both caches empty."""
     if rt.draft is None:
         return None
     model = rt.target.model
@@ -118,6 +122,8 @@ def agreement(rt: PairRuntime) -> float | None:
     draft.clear()
     try:
         wanted = np.argmax(rt.target.extend(tokens, n), axis=1)
+        if shared and not cache_share.copy(rt.target, draft):
+            return None
         same = 0
         for row, end in enumerate(range(len(tokens) - n + 1, len(tokens) + 1)):
             same += int(np.argmax(draft.extend(tokens[:end], 1)[0]) == wanted[row])
@@ -125,6 +131,41 @@ def agreement(rt: PairRuntime) -> float | None:
         rt.target.clear()
         draft.clear()
     return same / n
+
+
+def probe_sharing(rt: PairRuntime, own: float | None) -> Sharing:
+    """Whether the draft model catches up by copying the target's cache (cache_share.decide),
+    from its agreement reading its own (`own`) and reading the target's, and what a copy
+    costs per token. Leaves both caches empty."""
+    if rt.draft is None:
+        return cache_share.NOT_PROBED
+    draft = rt.draft.ctx
+    shape = rt.target.model.cache_shape()
+    same_shape = shape is not None and shape == draft.model.cache_shape()
+    copied, per_token, shared = False, None, None
+    if same_shape:
+        tokens = chat_tokens(rt.target.model, AGREEMENT_CHAT, allow_special=False)
+        tokens = tokens[: min(rt.target.n_ctx, draft.n_ctx)]
+        try:
+            rt.target.extend(tokens, 1)
+            ms = cache_share.timed_copy(rt.target, draft)
+        finally:
+            rt.target.clear()
+            draft.clear()
+        copied = ms is not None
+        per_token = None if ms is None else ms / len(tokens)
+        shared = agreement(rt, shared=True) if copied else None
+    on, why = cache_share.decide(same_shape, copied, own, shared)
+    return Sharing(on, why, per_token if on else None)
+
+
+def share_cache(rt: PairRuntime, sharing: Sharing) -> None:
+    """Give the pair what `sharing` decided: the draft model's catch-ups by copy, priced at
+    the probe's copy (later copies keep it current), or by decode."""
+    rt.sharing = sharing
+    rt.ledger.copy_per_token = sharing.copy_ms_per_token if sharing.on else None
+    if rt.draft is not None:
+        rt.draft.catch_up = rt.catch_up_by_copy if sharing.on else None
 
 
 LOCK_NAME = "calibrating.lock"
@@ -197,13 +238,15 @@ def measure(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> None:
         rt.ledger.draft.points.update(decode_costs(rt.draft.ctx, base, filler, DRAFT_SIZES, False))
         rt.ledger.draft_ref = 1.0
         rt.ledger.agreement = agreement(rt)
+        share_cache(rt, probe_sharing(rt, rt.ledger.agreement))
     LOG.info(
         "pair %s: decode cost (ms) by tokens %s; draft %s ms/token, agrees with the target "
-        "on %s of next tokens",
+        "on %s of next tokens%s",
         rt.name,
         {n: round(v, 1) for n, v in sorted(rt.ledger.verify.points.items())},
         None if rt.ledger.draft_ms is None else round(rt.ledger.draft_ms, 2),
         "—" if rt.ledger.agreement is None else f"{rt.ledger.agreement:.0%}",
+        f"; the draft {rt.sharing.why}" if rt.sharing.why else "",
     )
 
 

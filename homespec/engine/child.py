@@ -156,6 +156,8 @@ def describe(
         verify_ms=costs.verify_ms,
         draft_ms=costs.draft_ms,
         agreement=rt.ledger.agreement,
+        catch_up=rt.sharing.why,
+        copy_per_token=rt.ledger.copy_per_token,
         step_ms=costs.step_ms,
         copy_ms=costs.copy_ms,
         read_ms=costs.read_ms,

@@ -61,6 +61,10 @@ class ModelDrafter:
         # unsure of is unlikely to be accepted, and every rejected draft costs target compute.
         self.p_min = p_min
         self._decodes: list[tuple[int, float]] = []
+        # Asked before a proposal that starts behind the history, with the history and the
+        # lag: catches the draft up some other way than decoding (a copy of the target's
+        # cache, PairRuntime.catch_up_by_copy) and says whether it did; None: it decodes.
+        self.catch_up: Callable[[list[int], int], bool] | None = None
 
     def reset(self) -> None:
         """Nothing to do: the cache is matched against each new history by prefix."""
@@ -92,6 +96,8 @@ class ModelDrafter:
         position has in `draws`, the target's at that position (sampling.py)."""
         tokens: list[int] = []
         first = max(1, self.lag(history) if lag is None else lag)
+        if self.catch_up is not None and first > 1 and self.catch_up(history, first):
+            first = max(1, self.lag(history))
         for _ in range(k):
             t0 = time.perf_counter()
             logits = self.ctx.extend(history + tokens, 1)[0]

@@ -153,12 +153,16 @@ def cost_report(
     draft: dict[int, float],
     agreement: float | None = None,
     step_ms: dict[str, float] | None = None,
+    catch_up: str = "",
+    copy_per_token: float | None = None,
 ) -> dict[str, Any]:
     """Measured costs as status and doctor show them (JSON): ms of one target decode and of
     one draft-model decode by tokens in it, ms per draft-model token, the share of next
     tokens on which the draft model agreed with the target at calibration, and what a step
     costs beyond its decodes by what it ran (homespec's own work: the lookup, the governor,
-    checking drafts, detokenizing; governor.step_ms prices it)."""
+    checking drafts, detokenizing; governor.step_ms prices it); how the draft model catches
+    up (`catch_up`, engine/cache_share.py: "" where it was not asked) and, where by copying
+    the target's cache, ms per token that copy moves."""
     per_token = CostCurve(dict(draft)).at(1)
     return {
         "verify_ms": {str(n): round(ms, 2) for n, ms in sorted(verify.items())},
@@ -166,6 +170,8 @@ def cost_report(
         "draft_ms": {str(n): round(ms, 2) for n, ms in sorted(draft.items())},
         "draft_agreement": None if agreement is None else round(agreement, 3),
         "step_overhead_ms": {name: round(ms, 3) for name, ms in (step_ms or {}).items()},
+        "draft_catch_up": catch_up or None,
+        "copy_ms_per_token": None if copy_per_token is None else round(copy_per_token, 4),
     }
 
 

@@ -112,7 +112,8 @@ def _governed(
         return "none", Proposal([]), last, 0, match if looks else None
     draft = rt.draft if use_model else None
     lag = draft.lag(history) if draft else 0
-    horizon = ledger.horizon(task, generated, room, lag)
+    cells = len(rt.target.tokens)  # what a copy of the target's cache would move
+    horizon = ledger.horizon(task, generated, room, lag, cells)
     inputs = ledger.inputs(
         task,
         has_model=draft is not None,
@@ -127,6 +128,7 @@ def _governed(
         model_run=runs[0],
         plain_streak=runs[1],
         answer_lookup=(by_lookup, generated),
+        cells=cells,
     )
     choice = choose(inputs)
     choice = replace(choice, lookup=table, stands=stand_for(last, choice, ledger.own_share()))
@@ -364,7 +366,7 @@ def _steps(
             )
             used[source] = used.get(source, 0) + 1
             if source == "model" and used[source] > 1:
-                later_ms += ledger.later_catch_up_ms(lag)
+                later_ms += ledger.later_catch_up_ms(lag, len(rt.target.tokens))
                 later += lag > RELAG
         elif drafter is not None and k > 0:
             source, proposal = drafter.kind, drafter.propose(history, k, params, draws)

@@ -144,17 +144,47 @@ def plain_ms(inp: Inputs) -> float | None:
 
 def catch_up_ms(inp: Inputs) -> float:
     """What the draft model pays before it can draft: one batched decode of the tokens it has
-    not seen (committed by n-gram or plain steps); see catch_up_cost."""
-    return catch_up_cost(inp.model_lag, inp.verify, inp.draft_ms, inp.draft_curve)
+    not seen (committed by n-gram or plain steps), or a copy of the target's cache where that
+    is cheaper; see catch_up_cost."""
+    return catch_up_cost(inp.model_lag, inp.verify, inp.draft_ms, inp.draft_curve, inp.copy_ms)
 
 
 def catch_up_cost(
-    lag: int, verify: CostCurve, draft_ms: float | None, draft_curve: CostCurve | None
+    lag: int,
+    verify: CostCurve,
+    draft_ms: float | None,
+    draft_curve: CostCurve | None,
+    copy_ms: float | None = None,
 ) -> float:
     """ms of the draft model's decode of `lag` tokens, from its own cost curve. Without one (a
     single size measured), the target's curve scaled by the draft's relative cost: an
     underestimate for a quantized draft, whose batches are compute-bound (on this CPU a Q4_1
-    draft costs 0.4× the F32 target for one token but 1.7× for 256)."""
+    draft costs 0.4× the F32 target for one token but 1.7× for 256). Where the draft model
+    reads the target's cache (`copy_ms`, engine/cache_share.py), the cheaper of that decode
+    and a copy followed by a one-token decode (its last position's, for the first draft)."""
+    decode = _decode_lag(lag, verify, draft_ms, draft_curve)
+    if copy_ms is None or decode == 0.0 or draft_ms is None:
+        return decode
+    return min(decode, copy_ms + draft_ms)
+
+
+def copy_pays(
+    lag: int,
+    verify: CostCurve,
+    draft_ms: float | None,
+    draft_curve: CostCurve | None,
+    copy_ms: float | None,
+) -> bool:
+    """Whether the draft model, `lag` tokens behind, catches up by copying the target's cache
+    (`copy_ms`, None where it cannot) rather than decoding them: the copy is cheaper."""
+    if copy_ms is None or draft_ms is None or lag <= RELAG:
+        return False
+    return copy_ms + draft_ms < _decode_lag(lag, verify, draft_ms, draft_curve)
+
+
+def _decode_lag(
+    lag: int, verify: CostCurve, draft_ms: float | None, draft_curve: CostCurve | None
+) -> float:
     if lag <= 0 or draft_ms is None:
         return 0.0
     if draft_curve is not None and len(draft_curve.points) > 1:
@@ -341,11 +371,7 @@ def choose(inp: Inputs) -> Choice:
             f"{inp.since_plain_ms / 1000:.1f} s of decoding ago; draft model est "
             f"{best.tokens_per_ms / plain:.2f}× plain)",
         )
-    behind = (
-        f", catching up on {inp.model_lag} tokens first"
-        if best.option == "model" and inp.model_lag > 1
-        else ""
-    )
+    behind = _behind(inp) if best.option == "model" else ""
     why = (
         f"governor: {OPTION_NAMES[best.option]}, {best.k} tokens/step, est "
         f"{best.tokens_per_ms / plain:.2f}× plain (accept {best.first_rate:.2f} at pos 1)"
@@ -421,7 +447,7 @@ def _trial(inp: Inputs, rival: float) -> Choice | None:
     if inp.agreement_measured and caught_up.tokens_per_ms * plain_cost < 1 + HYSTERESIS:
         return None
     k = min(max(caught_up.k, TRIAL_K), inp.max_k)
-    behind = f", catching up on {inp.model_lag} tokens first" if inp.model_lag > 1 else ""
+    behind = _behind(inp)
     why = (
         f"governor: trying the draft model on {_task(inp.task)} ({k} tokens/step until it has "
         f"{TRIAL_TRIES} tries, {acc.tries[0]:.1f} so far), est "
@@ -429,6 +455,16 @@ def _trial(inp: Inputs, rival: float) -> Choice | None:
         f"{caught_up.first_rate:.2f} at pos 1){behind}"
     )
     return Choice("model", k, caught_up.tokens_per_ms * plain_cost, why)
+
+
+def _behind(inp: Inputs) -> str:
+    """A draft model's catch-up due now, in a reason."""
+    if inp.model_lag <= 1:
+        return ""
+    how = ""
+    if copy_pays(inp.model_lag, inp.verify, inp.draft_ms, inp.draft_curve, inp.copy_ms):
+        how = f" by copying the target's cache ({inp.copy_ms:.0f} ms)"
+    return f", catching up on {inp.model_lag} tokens first{how}"
 
 
 def _catch_ups(inp: Inputs, option: Option) -> str:

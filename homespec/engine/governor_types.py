@@ -70,3 +70,6 @@ class Inputs:
     # ran. A later catch-up is spread over no more than the larger (best_k).
     model_run: float = 0.0
     plain_streak: int = 0
+    # ms to catch the draft model up by copying the target's cache now, whatever its lag (None:
+    # it does not read the target's cache; engine/cache_share.py)
+    copy_ms: float | None = None

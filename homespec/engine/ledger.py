@@ -56,6 +56,7 @@ AGREEMENT_MIN, AGREEMENT_MAX = 0.05, 0.95  # a measured agreement, as a prior, w
 # at 0.63 on every task after it, below plain: it was never tried on them (fixed-cost replay,
 # tasks named, a greeting before each prompt: 1.28x plain on unseen-1 where 1.38x without it).
 AGREEMENT_WEIGHT = 16.0
+COPY_ALPHA = 0.3  # weight of one copy of the target's cache in Ledger.copy_per_token
 
 
 @dataclass
@@ -97,6 +98,10 @@ class Ledger:
     # observe_step), and the decodes' ms of the step under way
     overhead: dict[Option, float] = field(default_factory=dict)
     step_decodes_ms: float = 0.0
+    # ms per token the target holds that copying its cache into the draft model costs (a
+    # moving average of the copies made; None: the draft model decodes its catch-ups itself,
+    # engine/cache_share.py)
+    copy_per_token: float | None = None
 
     @property
     def calibrated_busy(self) -> bool:
@@ -223,14 +228,35 @@ class Ledger:
         answer `cut` at max_tokens or the context's end would have run longer."""
         self.lengths.observe(task, tokens, room, cut=cut)
 
-    def later_catch_up_ms(self, lag: int) -> float:
+    def later_catch_up_ms(self, lag: int, cells: int | None = None) -> float:
         """What a catch-up on `lag` tokens costs the draft model beyond every step's own
-        2-token re-decode (relag_ms, priced per step), by its cost curve (draft_curve)."""
+        2-token re-decode (relag_ms, priced per step), by its cost curve (draft_curve), or
+        by a copy of the target's `cells` tokens where that is cheaper (copy_ms)."""
         if lag <= RELAG:
             return 0.0
         curve = self.draft_curve()
         two, now = curve.at(2), curve.at(lag)
-        return 0.0 if two is None or now is None else max(0.0, now - two)
+        if two is None or now is None:
+            return 0.0
+        copy, one = self.copy_ms(cells), curve.at(1)
+        if copy is not None and one is not None:
+            now = min(now, copy + one)
+        return max(0.0, now - two)
+
+    def copy_ms(self, cells: int | None) -> float | None:
+        """What copying the target's cache of `cells` tokens into the draft model costs now
+        (None: the draft model does not read the target's cache, or `cells` is not known)."""
+        if self.copy_per_token is None or cells is None:
+            return None
+        return self.copy_per_token * cells
+
+    def observe_copy(self, cells: int, ms: float) -> None:
+        """One copy of the target's cache of `cells` tokens into the draft model took `ms`."""
+        if cells <= 0:
+            return
+        per = ms / cells
+        old = self.copy_per_token
+        self.copy_per_token = per if old is None else old + COPY_ALPHA * (per - old)
 
     def observe_upkeep(self, task: str | None, ms: float, tokens: int) -> None:
         """One answer's later catch-ups: the `ms` they cost (later_catch_up_ms of every
@@ -289,7 +315,9 @@ class Ledger:
         ms, tokens = self.upkeep.get(task, (0.0, 0.0))
         return ms / tokens if tokens > 0 else 0.0
 
-    def horizon(self, task: str | None, generated: int, room: int, lag: int = 0) -> int:
+    def horizon(
+        self, task: str | None, generated: int, room: int, lag: int = 0, cells: int | None = None
+    ) -> int:
         """Answer tokens still expected, over which a draft model's catch-up may be spread,
         within the `room` left: how far the task's recent answers, read as this one's, ran
         past `generated` (Lengths.residual), and never less than half of what is generated.
@@ -310,13 +338,15 @@ class Ledger:
 
         Nor, for any task, before the answer has run UNKNOWN_WAIT tokens where the draft model
         is `lag` tokens behind and catching up costs more than DEAR_CATCH_UP plain steps (0:
-        the catch-up is priced into one step, and not made). A task's answers say little
-        about the answer at hand where they differ: a daemon whose clients send no task keeps
-        one table for all of them, and there a 6-token answer to a creative prompt, after
-        256-token ones, caught the draft model up on the 23 tokens of its prompt it did not
-        share with the last chat first, and came at 0.47-0.66x plain in five runs (1.04x with
-        this). A cheap catch-up (a GPU's, or a few tokens') goes ahead."""
-        if generated < UNKNOWN_WAIT and self._dear(lag):
+        the catch-up is priced into one step, and not made; `cells`: the tokens the target
+        holds, which a copy of its cache would move, where the draft model reads it). A
+        task's answers say little about the answer at hand where they differ: a daemon whose
+        clients send no task keeps one table for all of them, and there a 6-token answer to a
+        creative prompt, after 256-token ones, caught the draft model up on the 23 tokens of
+        its prompt it did not share with the last chat first, and came at 0.47-0.66x plain in
+        five runs (1.04x with this). A cheap catch-up (a GPU's, a few tokens', or a copy of
+        the target's cache) goes ahead."""
+        if generated < UNKNOWN_WAIT and self._dear(lag, cells):
             return 0
         known = self.lengths.known(task)
         if known or generated >= UNKNOWN_WAIT:
@@ -330,14 +360,15 @@ class Ledger:
         left = max(left, generated / 2)
         return max(0, min(room, int(left)))
 
-    def _dear(self, lag: int) -> bool:
+    def _dear(self, lag: int, cells: int | None = None) -> bool:
         """Catching the draft model up on `lag` tokens costs over DEAR_CATCH_UP plain steps
-        (by its measured curve, else the target's scaled by a draft token's cost)."""
+        (by its measured curve, else the target's scaled by a draft token's cost, or by a
+        copy of the target's `cells` tokens where that is cheaper)."""
         if lag <= RELAG:
             return False
         verify, curve = self.verify_curve(), self.draft_curve()
         plain = verify.at(1)
-        cost = catch_up_cost(lag, verify, self._draft_ms(curve), curve)
+        cost = catch_up_cost(lag, verify, self._draft_ms(curve), curve, self.copy_ms(cells))
         return plain is not None and cost > DEAR_CATCH_UP * plain
 
     @property
@@ -437,11 +468,12 @@ class Ledger:
         model_run: float = 0.0,
         plain_streak: int = 0,
         answer_lookup: tuple[int, int] = (0, 0),
+        cells: int | None = None,
     ) -> Inputs:
         """One step's view for `choose()` (the task's draft-model upkeep and lookup's share
         of its answers included, with `answer_lookup`: the answer tokens lookup committed so
         far and all generated so far, see lookup_share_now; `model_run` and `plain_streak`:
-        Inputs')."""
+        Inputs'; `cells`: the tokens the target holds, what a copy of its cache moves)."""
         curve = self.draft_curve() if has_model else None
         return Inputs(
             self.verify_curve(),
@@ -465,6 +497,7 @@ class Ledger:
             dict(self.overhead),
             model_run,
             plain_streak,
+            self.copy_ms(cells) if has_model else None,
         )
 
 

@@ -249,6 +249,22 @@ class LlamaModel:
             size = n + 1
         raise EngineError("chat template output kept growing", "report this as a bug")
 
+    def cache_shape(self) -> tuple[int, ...]:
+        """Layers, embedding width, attention heads, key/value heads, sliding window, rope
+        type, recurrent, hybrid: two models alike in all of these keep caches llama.cpp can
+        copy from one context to the other (it checks the key and value types itself)."""
+        m = self._model
+        return (
+            lc.llama_model_n_layer(m),
+            lc.llama_model_n_embd(m),
+            lc.llama_model_n_head(m),
+            lc.llama_model_n_head_kv(m),
+            lc.llama_model_n_swa(m),
+            int(lc.llama_model_rope_type(m)),
+            int(lc.llama_model_is_recurrent(m)),
+            int(lc.llama_model_is_hybrid(m)),
+        )
+
     def close(self) -> None:
         if self._model:
             lc.llama_model_free(self._model)
@@ -449,20 +465,23 @@ class LlamaContext:
             return bytearray()
         return data
 
-    def restore(self, tokens: list[int], data: bytearray) -> None:
-        """Make the cache hold `tokens` again from the snapshot() taken when it held them; an
-        empty cache where llama.cpp cannot take it back (the next extend re-reads them)."""
+    def restore(self, tokens: list[int], data: bytearray) -> bool:
+        """Make the cache hold `tokens` again from the snapshot() taken when it held them (or
+        from another context's of a model of the same cache_shape: engine/cache_share.py);
+        False and an empty cache where llama.cpp cannot take it (the next extend re-reads
+        them)."""
         self.clear()
         buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
         if lc.llama_state_seq_set_data(self._ctx, buf, len(data), 0) != len(data):
             LOG.warning(
-                "%s: llama.cpp could not restore a %d-token cache snapshot; re-reading it",
+                "%s: llama.cpp could not take a %d-token cache copy; re-reading it",
                 self.model.path.name,
                 len(tokens),
             )
             self.clear()
-            return
+            return False
         self.tokens = list(tokens)
+        return True
 
     def clear(self) -> None:
         """Forget everything cached (the next extend() evaluates its whole history)."""

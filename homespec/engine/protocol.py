@@ -113,6 +113,10 @@ class EngineInfo:
     verify_ms: dict[int, float] = field(default_factory=dict)
     draft_ms: dict[int, float] = field(default_factory=dict)
     agreement: float | None = None  # the draft model's with the target, measured at load
+    # How the draft model catches up, and why (PairRuntime.sharing, engine/cache_share.py),
+    # and ms per token a copy of the target's cache moves where it copies (Ledger)
+    catch_up: str = ""
+    copy_per_token: float | None = None
     step_ms: dict[str, float] = field(default_factory=dict)  # see Costs
     copy_ms: float | None = None  # see Costs
     read_ms: float | None = None

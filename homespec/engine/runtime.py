@@ -5,17 +5,23 @@ aside.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
+from homespec.engine import cache_share
+from homespec.engine.cache_share import NOT_PROBED, Sharing
 from homespec.engine.chat_text import prompt_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from homespec.engine.governor import copy_pays
 from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.prompt_cache import PromptCache
-from homespec.engine.target import Target
+from homespec.engine.target import Target, shared_prefix
 from homespec.engine.types import GenerationRequest
 from homespec.manifest import PairSpec
 from homespec.sizes import MiB
+
+LOG = logging.getLogger("homespec.engine")
 
 
 @dataclass
@@ -32,6 +38,8 @@ class PairRuntime:
     draft_failed: bool = False  # the draft model failed to load: the pair runs degraded
     ledger: Ledger = field(default_factory=Ledger)  # what the governor has measured
     threads: ThreadAdapter | None = None  # adapts llama.cpp's CPU threads to the neighbours
+    # Whether the draft model catches up by copying the target's cache (calibration decides)
+    sharing: Sharing = NOT_PROBED
     # Conversations put aside in RAM, the target's and the draft model's (prompt_cache.py),
     # within the pair's prompt_cache_mb each
     target_snapshots: PromptCache = field(init=False)
@@ -65,6 +73,33 @@ class PairRuntime:
         """The request's prompt tokens and how it was rendered (chat_text.prompt_tokens)."""
         allow = self.spec.allow_special_tokens
         return prompt_tokens(self.target, req, pair=self.name, allow_special=allow)
+
+    def catch_up_by_copy(self, history: list[int], lag: int) -> bool:
+        """The draft model, `lag` tokens behind `history`, catches up by copying the target's
+        cache where the copy is priced below decoding what it spares (governor.copy_pays;
+        engine/cache_share.py): whether it did. A copy that fails turns copying off for the
+        pair, said once."""
+        draft, ledger = self.draft, self.ledger
+        if draft is None or ledger.copy_per_token is None:
+            return False
+        held = self.target.tokens
+        if len(held) > draft.ctx.n_ctx:  # more than the draft's context holds: it decodes
+            return False
+        spared = shared_prefix(held, history) - (len(history) - lag)
+        curve = ledger.draft_curve()
+        cost = ledger.copy_ms(len(held))
+        if not copy_pays(spared, ledger.verify_curve(), curve.at(1), curve, cost):
+            return False
+        ms = cache_share.timed_copy(self.target, draft.ctx)
+        if ms is None:
+            why = "decodes the history itself: a copy of the target's cache failed"
+            self.sharing = Sharing(False, why)
+            ledger.copy_per_token = None
+            draft.catch_up = None
+            LOG.warning("pair %s: the draft model %s", self.name, why)
+            return False
+        ledger.observe_copy(len(held), ms)
+        return True
 
     def drafter(self, kind: str) -> Drafter:
         if kind == "ngram":

@@ -35,6 +35,12 @@ class Vocabulary(Protocol):
         """The chat rendered as one string, as `fmt` asks (chat_template.chat_prompt)."""
         ...
 
+    def cache_shape(self) -> tuple[int, ...] | None:
+        """What decides whether another model's cache can stand for this one's: equal shapes
+        hold the same keys and values per token (None: unknown, never shared;
+        engine/cache_share.py)."""
+        ...
+
 
 class Target(Protocol):
     @property
@@ -77,8 +83,10 @@ class Target(Protocol):
         """The cache as bytes (llama.cpp's sequence state); empty where it cannot be copied."""
         ...
 
-    def restore(self, tokens: list[int], data: bytearray) -> None:
-        """Make the cache hold `tokens` again, from what snapshot() gave when it held them."""
+    def restore(self, tokens: list[int], data: bytearray) -> bool:
+        """Make the cache hold `tokens` again, from what snapshot() gave when it held them (or
+        what another context's gave, engine/cache_share.py); False where it could not (the
+        cache is empty then)."""
         ...
 
     def set_threads(self, n: int) -> None:
