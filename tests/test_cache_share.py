@@ -168,3 +168,21 @@ def test_a_copy_that_fails_turns_copying_off_for_the_pair_and_says_so(
     assert not rt.sharing.on and "a copy of the target's cache failed" in rt.sharing.why
     assert rt.ledger.copy_per_token is None and rt.draft.catch_up is None
     assert any("copy of the target's cache failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_target_cache_longer_than_the_drafts_context_is_not_copied() -> None:
+    """The target holds its rejected drafts past the history until its next decode; where
+    that is more than the draft's context holds, llama.cpp would refuse the copy (and a failed
+    copy turns copying off): the draft decodes its catch-up this once instead."""
+    rt = shaped_pair(0.0005)
+    share_cache(rt, Sharing(True, "catches up by copying the target's cache", 0.001))
+    assert rt.draft is not None
+    draft = rt.draft.ctx
+    assert isinstance(draft, FakeTarget)
+    draft.n_ctx = 100
+    history = list(range(60))
+    rt.target.extend([*history, *range(60, 110)], 1)  # 50 drafts past the history
+    assert not rt.catch_up_by_copy(history, 60)
+    assert draft.restores == 0 and rt.sharing.on
+    rt.target.extend(history, 1)
+    assert rt.catch_up_by_copy(history, 60) and draft.tokens == history
