@@ -94,6 +94,11 @@ def test_the_ledger_prices_copies_by_the_tokens_moved_and_keeps_that_current() -
     assert ledger.copy_per_token == pytest.approx(0.02, rel=0.01)
     ledger.observe_copy(0, 5.0)  # an empty cache copied: nothing to learn per token
     assert ledger.copy_per_token == pytest.approx(0.02, rel=0.01)
+    # A copy is the step's native work, as its decodes are, not homespec's own (observe_step)
+    ledger.step_started()
+    ledger.observe_copy(300, 6.0)
+    ledger.observe_step("model", 40.0)
+    assert ledger.overhead["model"] == pytest.approx(34.0)
     ledger.draft = CostCurve(dict(DRAFT.points))
     # A later catch-up beyond every step's own 2-token re-decode: by copy where cheaper
     assert ledger.later_catch_up_ms(200, cells=400) < 10.0 < ledger.later_catch_up_ms(200)

@@ -251,7 +251,11 @@ class Ledger:
         return self.copy_per_token * cells
 
     def observe_copy(self, cells: int, ms: float) -> None:
-        """One copy of the target's cache of `cells` tokens into the draft model took `ms`."""
+        """One copy of the target's cache of `cells` tokens into the draft model took `ms`: the
+        step's native work, like its decodes (not homespec's own work: observe_step), and a
+        price per token for the next."""
+        self.since_plain_ms += ms
+        self.step_decodes_ms += ms
         if cells <= 0:
             return
         per = ms / cells
