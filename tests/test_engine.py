@@ -45,6 +45,27 @@ def run(rt: PairRuntime, **kw: object) -> tuple[str, GenerationStats, list[Chunk
     return "".join(c.text for c in chunks), stats, chunks
 
 
+def run_keeping_logits(
+    rt: PairRuntime, monkeypatch: pytest.MonkeyPatch, **kw: object
+) -> tuple[str, GenerationStats, list[Chunk], dict[int, np.ndarray]]:
+    """`run`, keeping the target's logits for every position it predicted (the last row of
+    each decode, by the history's length then)."""
+    logits: dict[int, np.ndarray] = {}
+    extend = rt.target.extend
+
+    def recording_extend(
+        history: list[int], n_logits: int = 1, while_waiting: Callable[[], None] | None = None
+    ) -> np.ndarray:
+        out = extend(history, n_logits, while_waiting)
+        logits[len(history)] = out[-1].copy()
+        return out
+
+    with monkeypatch.context() as patched:
+        patched.setattr(rt.target, "extend", recording_extend)
+        text, stats, chunks = run(rt, **kw)
+    return text, stats, chunks, logits
+
+
 def chat(text: str) -> list[Message]:
     return [Message("user", text)]
 
@@ -127,20 +148,8 @@ def test_speculative_equals_plain(
     draft is kept only where it is the token plain decoding picks there)."""
     rt = demo_pair.runtime
     # Keep the plain run's own logits for every position it predicted.
-    plain_logits: dict[int, np.ndarray] = {}
-    extend = rt.target.extend
-
-    def recording_extend(
-        history: list[int], n_logits: int = 1, while_waiting: Callable[[], None] | None = None
-    ) -> np.ndarray:
-        out = extend(history, n_logits, while_waiting)
-        plain_logits[len(history)] = out[-1].copy()
-        return out
-
     kw = {"messages": chat(prompt), "max_tokens": 96, "temperature": temperature, "seed": 11}
-    monkeypatch.setattr(rt.target, "extend", recording_extend)
-    plain, pstats, _ = run(rt, speculative=False, **kw)
-    monkeypatch.undo()
+    plain, pstats, _, plain_logits = run_keeping_logits(rt, monkeypatch, speculative=False, **kw)
     rec_rt = recording(rt)
     spec, sstats, _ = run(rec_rt, speculative=True, drafter=drafter, **kw)
     assert pstats.mode == "plain"
@@ -519,22 +528,11 @@ def test_the_demo_draft_catches_up_by_copying_the_targets_cache_and_answers_stay
         assert rt.sharing.on, rt.sharing.why
         assert rt.ledger.copy_per_token is not None and rt.draft.catch_up is not None
         monkeypatch.setattr(cache_share, "timed_copy", counted)
-        plain_logits: dict[int, np.ndarray] = {}
-        extend = rt.target.extend
-
-        def recording_extend(
-            history: list[int], n_logits: int = 1, while_waiting: Any = None
-        ) -> np.ndarray:
-            out = extend(history, n_logits, while_waiting)
-            plain_logits[len(history)] = out[-1].copy()
-            return out
-
         for prompt in PROMPTS[:2]:
             kw: dict[str, Any] = {"messages": chat(prompt), "max_tokens": 64, "remember": False}
-            plain_logits.clear()
-            monkeypatch.setattr(rt.target, "extend", recording_extend)
-            plain, pstats, pchunks = run(rt, speculative=False, **kw)
-            monkeypatch.setattr(rt.target, "extend", extend)
+            plain, pstats, pchunks, plain_logits = run_keeping_logits(
+                rt, monkeypatch, speculative=False, **kw
+            )
             rt.clear_caches()  # nothing cached: the draft model is the whole prompt behind
             before = len(copies)
             text, stats, chunks = run(rt, speculative=True, drafter="model", **kw)

@@ -59,7 +59,7 @@ def copy(target: Target, draft: Target) -> bool:
     """Make `draft`'s cache hold what `target`'s holds, copied (False where llama.cpp would
     not take it: the draft's cache is left empty then, and its next decode reads the history)."""
     data = target.snapshot()
-    return bool(data) and draft.restore(list(target.tokens), data)
+    return bool(data) and draft.restore(target.tokens, data)  # (restore copies the list)
 
 
 def timed_copy(target: Target, draft: Target) -> float | None:
