@@ -168,8 +168,13 @@ def test_a_copy_that_fails_turns_copying_off_for_the_pair_and_says_so(
     assert isinstance(draft, FakeTarget)
     draft.restore = lambda tokens, data: False  # type: ignore[method-assign]
     req = GenerationRequest([Message("user", LONG)], max_tokens=20, drafter="model")
-    text, _ = complete(rt, req)
+    text, stats = complete(rt, req)
     assert text == LONG[:20]
+    assert stats.reason.endswith("; the draft model " + rt.sharing.why)
+    from homespec.engine.child import costs_now  # what the daemon's status shows after it
+
+    costs = costs_now(rt)
+    assert costs.catch_up == rt.sharing.why and costs.copy_per_token is None
     assert not rt.sharing.on and "a copy of the target's cache failed" in rt.sharing.why
     assert rt.ledger.copy_per_token is None and rt.draft.catch_up is None
     assert any("copy of the target's cache failed" in r.getMessage() for r in caplog.records)

@@ -153,6 +153,8 @@ class PairWorker:
                     step_ms=c.step_ms,
                     copy_ms=c.copy_ms,
                     read_ms=c.read_ms,
+                    catch_up=c.catch_up,
+                    copy_per_token=c.copy_per_token,
                 )
         elif isinstance(msg, Counted):
             fut = self._counts.pop(msg.qid, None)

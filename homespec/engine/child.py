@@ -114,6 +114,8 @@ def costs_now(rt: PairRuntime) -> Costs:
         {name: ledger.overhead[o] for o, name in OPTION_NAMES.items() if o in ledger.overhead},
         cache.copy_ms,
         cache.read_ms,
+        rt.sharing.why,
+        rt.ledger.copy_per_token,
     )
 
 

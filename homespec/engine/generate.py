@@ -306,6 +306,7 @@ def _steps(
         return Chunk(out, drafted)  # one per token, text or not: the daemon counts them
 
     adapter = rt.threads
+    sharing = rt.sharing  # (catch_up_by_copy turns it off where a copy fails)
     # Prompt: one pass (chunked by n_batch inside extend), logits for the last position only.
     t_read = time.perf_counter()
     first = pick(rt.target.extend(history, 1)[0], params, draws, len(history))
@@ -442,6 +443,8 @@ def _steps(
         stats.reason = f"{said}; last step: {last.reason}; steps: {steps}"
         if not stats.draft_steps:
             stats.mode = "plain"
+    if sharing.on and not rt.sharing.on:  # a copy of the target's cache failed on this answer
+        stats.reason += f"; the draft model {rt.sharing.why}"
     if adapter is not None:
         stats.threads, stats.threads_reason = adapter.state.threads, adapter.state.reason
         if adapter.note:

@@ -129,14 +129,17 @@ class Costs:
     ms of one target decode and of one draft-model decode by tokens in it, at the sizes
     calibration measures, ms a step costs beyond its decodes, by what it ran ("plain",
     "n-gram", "draft model"), and what the target's prompt cache measured a token's copy
-    and a prompt token's read to cost (None: not yet; engine/prompt_cache.py). The daemon's
-    status shows the latest."""
+    and a prompt token's read to cost (None: not yet; engine/prompt_cache.py); how the draft
+    model catches up now (EngineInfo's, which a failed copy of the target's cache changes).
+    The daemon's status shows the latest."""
 
     verify_ms: dict[int, float]
     draft_ms: dict[int, float]
     step_ms: dict[str, float]
     copy_ms: float | None = None
     read_ms: float | None = None
+    catch_up: str = ""
+    copy_per_token: float | None = None
 
 
 @dataclass(frozen=True)
