@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from homespec.engine.calibration import calibrate, measure_steps
-from homespec.engine.child import costs_now
+from homespec.engine.engine_info import costs_now
 from homespec.engine.estimates import cost_report
 from homespec.engine.loader import LoadedPair, load_pair
 from homespec.manifest import load_manifest

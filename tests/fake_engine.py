@@ -19,10 +19,11 @@ import sys
 from contextlib import AbstractContextManager
 
 from homespec.engine import child
-from homespec.engine.calibration import calibrate
-from homespec.engine.child import describe, main
+from homespec.engine.calibration import Pieces, calibrating
+from homespec.engine.child import main
 from homespec.engine.crashsite import CrashSite, Site
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
+from homespec.engine.engine_info import describe
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.protocol import EngineInfo, Load
 from homespec.engine.runtime import PairRuntime
@@ -145,21 +146,21 @@ def open_fake(load: Load, site: CrashSite) -> tuple[FakeSession, Machine | None]
     return FakeSession(load, site), None
 
 
-def busy_first(rt: PairRuntime) -> None:
-    """`calibrate`, the first time with every target decode 4× as long."""
+def busy_first(rt: PairRuntime) -> Pieces[None]:
+    """`calibrating`, the first time with every target decode 4× as long."""
     target = rt.target
     assert isinstance(target, FakeTarget)
     quiet = target.decode_s
     target.decode_s = quiet * 4
     try:
-        calibrate(rt)
+        yield from calibrating(rt)
     finally:
         target.decode_s = quiet
-        child.calibrate = calibrate
+        child.calibrating = calibrating
 
 
 if os.environ.get("HOMESPEC_FAKE_BUSY_CALIBRATION") == "1":
-    child.calibrate = busy_first
+    child.calibrating = busy_first
     child.RECALIBRATE_GAP_S = 0.0
 
 

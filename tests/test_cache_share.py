@@ -171,7 +171,7 @@ def test_a_copy_that_fails_turns_copying_off_for_the_pair_and_says_so(
     text, stats = complete(rt, req)
     assert text == LONG[:20]
     assert stats.reason.endswith("; the draft model " + rt.sharing.why)
-    from homespec.engine.child import costs_now  # what the daemon's status shows after it
+    from homespec.engine.engine_info import costs_now  # what the daemon's status shows after it
 
     costs = costs_now(rt)
     assert costs.catch_up == rt.sharing.why and costs.copy_per_token is None

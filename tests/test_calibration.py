@@ -15,8 +15,11 @@ from homespec.engine.calibration import (
     agreement,
     calibrate,
     decode_costs,
+    finish,
+    lock_file,
     measure_steps,
     one_at_a_time,
+    release,
     uneven,
 )
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
@@ -210,26 +213,73 @@ def test_each_finished_request_carries_the_costs_the_governor_prices_now(
 
 
 def test_engines_of_one_machine_measure_one_after_another(tmp_path: Path) -> None:
-    """The lock `calibrate` takes (flock on a file in the cache directory): a second engine
-    waits for the first to finish, or measures beside it after the timeout, and says so."""
+    """The lock `calibrating` takes (flock on a file in the cache directory): a second engine
+    waits for the first to finish, yielding while it waits (its requests run meanwhile), or
+    measures beside it after the timeout."""
     lock = tmp_path / "calibrating.lock"
     first_done = threading.Event()
     taken = threading.Event()
 
     def first() -> None:
-        with one_at_a_time(lock) as held:
-            assert held
+        with lock_file(lock) as handle:
+            assert finish(one_at_a_time(handle))
             taken.set()
             time.sleep(0.3)
+            release(handle)
         first_done.set()
 
     t = threading.Thread(target=first)
     t.start()
     taken.wait(5)
-    with one_at_a_time(lock, timeout_s=0.05) as held:
-        assert not held  # still held by the first: gave up after the timeout
-    t0 = time.monotonic()
-    with one_at_a_time(lock, timeout_s=5) as held:
-        assert held and first_done.is_set()  # waited for the first to let go
-        assert time.monotonic() - t0 > 0.1
+    with lock_file(lock) as handle:
+        assert finish(one_at_a_time(handle, timeout_s=0.05)) is False  # gave up: still held
+        t0 = time.monotonic()
+        waiting = one_at_a_time(handle, timeout_s=5)
+        pauses = 0
+        with pytest.raises(StopIteration) as done:
+            while True:
+                next(waiting)
+                pauses += 1
+        assert done.value.value is True and first_done.is_set()  # waited for the first
+        assert time.monotonic() - t0 > 0.1 and pauses >= 2
+        release(handle)
     t.join()
+    with lock_file(None) as handle:  # no cache directory: nothing to wait for
+        assert handle is None and finish(one_at_a_time(handle)) is None
+
+
+def test_requests_run_between_the_pieces_of_a_measurement_and_count_their_wait(
+    tmp_path: Path,
+) -> None:
+    """The engine program over the fake target (20-ms decodes: its measurement takes about
+    1.5 s, in pieces of a few decodes): requests sent back to back from the moment the draft
+    attaches all finish while the costs are still being measured (DraftAttached comes after
+    them), each having waited at most a piece or two, and that wait is in its Finished, the
+    daemon's queue_ms."""
+    req = GenerationRequest(
+        messages=[Message("user", "hello there")], max_tokens=4, speculative=False
+    )
+    waits: list[float] = []
+    t0 = time.monotonic()
+    with fake_engine(tmp_path, {"HOMESPEC_FAKE_DECODE_S": "0.02"}) as conn:
+        conn.send(AttachDraft())
+        attached = None
+        for i in range(200):
+            conn.send(Generate(str(i), req, 10.0, True))
+            while True:
+                assert conn.poll(30), "the engine said nothing for 30 s"
+                msg = conn.recv()
+                if isinstance(msg, DraftAttached):
+                    attached = msg
+                elif isinstance(msg, Finished):
+                    break
+            assert msg.stats is not None, msg
+            if attached is not None:
+                break
+            waits.append(msg.waited_ms)
+        measured_s = time.monotonic() - t0
+    assert attached is not None and attached.info.verify_ms  # the costs were measured
+    assert len(waits) >= 5, waits  # requests ran while it measured
+    assert max(waits) < 400, waits  # a piece, not the whole (over a second)
+    assert measured_s > 1.0 and any(w > 5 for w in waits), (measured_s, waits)
+

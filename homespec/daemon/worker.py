@@ -388,7 +388,8 @@ class PairWorker:
         then its stats. A consumer that stops early cancels it (the engine stops at its next
         step). The outcome is recorded once, before the consumer sees the end: a response is
         logged first. Its stats count from `arrived` (time.perf_counter(), default now): the
-        wait for the engine is their `queue_ms`, and in their ttft and e2e."""
+        wait for the engine (its turn here, then what the engine finished first there:
+        Finished.waited_ms) is their `queue_ms`, and in their ttft and e2e."""
         arrived = time.perf_counter() if arrived is None else arrived
         outcome = Outcome(None, "cancelled", "client disconnected")
         finished = False
@@ -428,11 +429,12 @@ class PairWorker:
                             if msg.chunks:
                                 sent += len(msg.chunks)
                                 yield msg.chunks
+                            waited = queue_ms + msg.waited_ms
                             stats = replace(
                                 msg.stats,
-                                queue_ms=queue_ms,
-                                ttft_ms=queue_ms + msg.stats.ttft_ms,
-                                e2e_ms=queue_ms + msg.stats.e2e_ms,
+                                queue_ms=waited,
+                                ttft_ms=waited + msg.stats.ttft_ms,
+                                e2e_ms=waited + msg.stats.e2e_ms,
                             )
                             outcome = Outcome(stats, "ok")
                             self._finish(outcome, on_done)

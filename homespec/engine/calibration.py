@@ -1,7 +1,8 @@
 """What a loaded pair measures about itself before the governor bets on it: the target's cost
 of one decode by the tokens in it, the draft model's, and how often the draft model predicts
-the target's next token. Run once at load, off the request path (the pair serves plain until
-it is done), on scratch text; the loop keeps the costs current from real steps afterwards.
+the target's next token. Run once at load, on scratch text, in pieces a few decodes long that
+an engine serving requests runs between them (`Pieces`); the loop keeps the costs current from
+real steps afterwards.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import fcntl
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import IO, TypeVar, cast
 
 import numpy as np
 
@@ -54,6 +56,26 @@ AGREEMENT_POSITIONS = 32  # next-token predictions compared (one draft decode ea
 UNEVEN = 1.1
 RETRIES = 3
 
+# What calibration does in pieces, each a few decodes long: the generator yields between
+# them, and an engine serving requests runs whatever request waits before it goes on
+# (engine/child.py), so a request that comes while the pair measures waits for one piece, not
+# for the whole (the demo pair's measurement took 2.5 s on the 2-core box, one that began as a
+# restarted daemon's first requests came held them up that long, and a pair of bigger models
+# on a CPU takes many times that). A request run between two pieces may leave anything in
+# the caches: the piece after it makes them hold what it needs first. `finish` runs one
+# whole, for the callers with nothing to serve (bench, doctor, the tests).
+T = TypeVar("T")
+Pieces = Generator[None, None, T]
+
+
+def finish(pieces: Pieces[T]) -> T:
+    """Run `pieces` to the end; what it returns."""
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as done:
+            return cast(T, done.value)
+
 
 def uneven(costs: dict[int, float]) -> set[int]:
     """The sizes a quiet machine could not have measured so, beside their neighbours: one
@@ -72,9 +94,18 @@ def uneven(costs: dict[int, float]) -> set[int]:
 def decode_costs(
     ctx: Target, base: list[int], filler: list[int], sizes: tuple[int, ...], n_logits: bool
 ) -> dict[int, float]:
+    """`decode_cost_steps`, at once."""
+    return finish(decode_cost_steps(ctx, base, filler, sizes, n_logits))
+
+
+def decode_cost_steps(
+    ctx: Target, base: list[int], filler: list[int], sizes: tuple[int, ...], n_logits: bool
+) -> Pieces[dict[int, float]]:
     """ms of one decode of n tokens after `base`, the fastest of two tries (a neighbour's burst
     only ever slows one down) and of more for a size that looks `uneven` beside the others,
-    for each n that fits; logits for all n, or for the last only."""
+    for each n that fits; logits for all n, or for the last only. Yields between tries (see
+    Pieces): each try decodes `base` again untimed first, so whatever ran in between is gone
+    from the cache before the timed decode."""
     ctx.clear()
     ctx.extend(base, 1)
     ctx.extend(base + filler, 1)  # a throwaway decode: threads and caches settle first
@@ -88,25 +119,37 @@ def decode_costs(
     fits = [
         n for n in sizes if not (n_logits and n > ctx.n_outputs_max) and len(base) + n <= ctx.n_ctx
     ]
-    out = {n: min(once(n), once(n)) for n in fits}
+    out: dict[int, float] = {}
+    for n in fits:
+        out[n] = min(once(n), once(n))
+        yield
     for _ in range(RETRIES):
         again = uneven(out)
         if not again:
             break
         for n in sorted(again):
             out[n] = min(out[n], once(n), once(n))
+            yield
     ctx.clear()
     return out
 
 
 def agreement(rt: PairRuntime, *, shared: bool = False) -> float | None:
+    """`agreement_steps`, at once."""
+    return finish(agreement_steps(rt, shared=shared))
+
+
+def agreement_steps(rt: PairRuntime, *, shared: bool = False) -> Pieces[float | None]:
     """The share of next-token predictions on which the draft model's argmax is the target's,
     along a fixed chat (AGREEMENT_CHAT) that both read: about the draft's acceptance at
     position 1 at temperature 0. None without a draft model, or where the chat does not fit.
     One target decode with logits at every compared position; the draft, whose context keeps
     the logits of one position only, one decode per position. `shared`: the draft reads the
     chat's question from a copy of the target's cache (engine/cache_share.py; None where that
-    copy fails). Leaves both caches empty."""
+    copy fails). Leaves both caches empty. Yields after the target's decode and, reading its own
+    cache, after each of the draft's (see Pieces): its next decode makes the cache hold the
+    chat again, whatever ran in between; a draft reading the target's cache yields nowhere
+    (what ran in between would have taken the copy away)."""
     if rt.draft is None:
         return None
     model = rt.target.model
@@ -126,6 +169,8 @@ def agreement(rt: PairRuntime, *, shared: bool = False) -> float | None:
             return None
         same = 0
         for row, end in enumerate(range(len(tokens) - n + 1, len(tokens) + 1)):
+            if not shared:
+                yield
             same += int(np.argmax(draft.extend(tokens[:end], 1)[0]) == wanted[row])
     finally:
         rt.target.clear()
@@ -134,9 +179,14 @@ def agreement(rt: PairRuntime, *, shared: bool = False) -> float | None:
 
 
 def probe_sharing(rt: PairRuntime, own: float | None) -> Sharing:
+    """`probe_sharing_steps`, at once."""
+    return finish(probe_sharing_steps(rt, own))
+
+
+def probe_sharing_steps(rt: PairRuntime, own: float | None) -> Pieces[Sharing]:
     """Whether the draft model catches up by copying the target's cache (cache_share.decide),
     from its agreement reading its own (`own`) and reading the target's, and what a copy
-    costs per token. Leaves both caches empty."""
+    costs per token. Leaves both caches empty. Yields once, after the copy is timed."""
     if rt.draft is None:
         return cache_share.NOT_PROBED
     draft = rt.draft.ctx
@@ -154,7 +204,8 @@ def probe_sharing(rt: PairRuntime, own: float | None) -> Sharing:
             draft.clear()
         copied = ms is not None
         per_token = None if ms is None else ms / len(tokens)
-        shared = agreement(rt, shared=True) if copied else None
+        yield
+        shared = (yield from agreement_steps(rt, shared=True)) if copied else None
     on, why = cache_share.decide(same_shape, copied, own, shared)
     return Sharing(on, why, per_token if on else None)
 
@@ -170,15 +221,12 @@ def share_cache(rt: PairRuntime, sharing: Sharing) -> None:
 
 LOCK_NAME = "calibrating.lock"
 LOCK_WAIT_S = 30.0
+LOCK_POLL_S = 0.05
 
 
 @contextlib.contextmanager
-def one_at_a_time(path: Path | None, timeout_s: float = LOCK_WAIT_S) -> Iterator[bool | None]:
-    """Hold an exclusive lock on `path` (flock: the kernel lets go when the process dies), so
-    the engines of one machine, in one daemon or in several, and `bench`, measure one after
-    another: two measuring at once on two cores measured each other. Waits at most
-    `timeout_s`, then goes on without it; yields whether it holds the lock (None: there is
-    no lock file to be had, no cache directory or an unwritable one)."""
+def lock_file(path: Path | None) -> Iterator[IO[str] | None]:
+    """`path` open for an flock (None: no cache directory or an unwritable one)."""
     try:
         handle = path.open("a") if path is not None else None
     except OSError:
@@ -187,40 +235,66 @@ def one_at_a_time(path: Path | None, timeout_s: float = LOCK_WAIT_S) -> Iterator
         yield None
         return
     with handle:
-        deadline = time.monotonic() + timeout_s
-        held = False
-        while not held:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                held = True
-            except OSError:
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.05)
+        yield handle
+
+
+def one_at_a_time(handle: IO[str] | None, timeout_s: float = LOCK_WAIT_S) -> Pieces[bool | None]:
+    """Take an exclusive lock on `handle` (flock: the kernel lets go when the process dies),
+    so the engines of one machine, in one daemon or in several, and `bench`, measure one after
+    another: two measuring at once on two cores measured each other. Waits at most
+    `timeout_s`, yielding between tries, then goes on without it; returns whether it holds the
+    lock (None: there is no lock file to be had). `release` lets go."""
+    if handle is None:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while True:
         try:
-            yield held
-        finally:
-            if held:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+        yield
+        time.sleep(LOCK_POLL_S)
+
+
+def release(handle: IO[str] | None) -> None:
+    if handle is not None:
+        fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def calibrate(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> None:
-    """`measure`, one engine of this machine at a time (see one_at_a_time)."""
+    """`calibrating`, at once."""
+    finish(calibrating(rt, sizes))
+
+
+def calibrating(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> Pieces[None]:
+    """`measuring`, one engine of this machine at a time (see one_at_a_time), in pieces."""
     try:
         lock: Path | None = cache_dir() / LOCK_NAME
     except HomespecError:
         lock = None
-    with one_at_a_time(lock) as held:
-        if held is False:
-            LOG.warning(
-                "pair %s: another engine kept measuring for %.0f s: measuring beside it",
-                rt.name,
-                LOCK_WAIT_S,
-            )
-        measure(rt, sizes)
+    with lock_file(lock) as handle:
+        held = yield from one_at_a_time(handle)
+        try:
+            if held is False:
+                LOG.warning(
+                    "pair %s: another engine kept measuring for %.0f s: measuring beside it",
+                    rt.name,
+                    LOCK_WAIT_S,
+                )
+            yield from measuring(rt, sizes)
+        finally:
+            if held:
+                release(handle)
 
 
 def measure(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> None:
+    """`measuring`, at once."""
+    finish(measuring(rt, sizes))
+
+
+def measuring(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> Pieces[None]:
     """Measure this machine's cost of one target decode of n tokens for a few n, and of a
     draft-model decode of 1, 8 and 32 tokens (a draft catching up on history decodes a batch),
     on a scratch sequence, and the draft model's agreement with the target; the governor starts
@@ -229,16 +303,17 @@ def measure(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> None:
     base = filler * 32
     # The machine as it is now replaces what was measured before (not blended with it: a
     # measurement again is one because the last was taken on a busy machine).
-    costs = decode_costs(rt.target, base, filler, sizes, n_logits=True)
+    costs = yield from decode_cost_steps(rt.target, base, filler, sizes, n_logits=True)
     rt.ledger.verify.points.update(costs)
     rt.ledger.quiet = CostCurve(dict(rt.ledger.verify.points))
     rt.ledger.slowdown = 1.0  # as fast as the quiet curve, by definition
     rt.ledger.verify_ref = dict.fromkeys(rt.ledger.verify.points, 1.0)
     if rt.draft is not None:
-        rt.ledger.draft.points.update(decode_costs(rt.draft.ctx, base, filler, DRAFT_SIZES, False))
+        draft = yield from decode_cost_steps(rt.draft.ctx, base, filler, DRAFT_SIZES, False)
+        rt.ledger.draft.points.update(draft)
         rt.ledger.draft_ref = 1.0
-        rt.ledger.agreement = agreement(rt)
-        share_cache(rt, probe_sharing(rt, rt.ledger.agreement))
+        rt.ledger.agreement = yield from agreement_steps(rt)
+        share_cache(rt, (yield from probe_sharing_steps(rt, rt.ledger.agreement)))
     LOG.info(
         "pair %s: decode cost (ms) by tokens %s; draft %s ms/token, agrees with the target "
         "on %s of next tokens%s",

@@ -31,20 +31,19 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Protocol
 
 from homespec import heap
-from homespec.engine.calibration import calibrate
+from homespec.engine.calibration import Pieces, calibrating
 from homespec.engine.crashsite import CrashSite
-from homespec.engine.estimates import DRAFT_SIZES, VERIFY_SIZES, sampled
+from homespec.engine.engine_info import costs_now, describe
 from homespec.engine.generate import generate_steps
-from homespec.engine.governor_types import OPTION_NAMES
 from homespec.engine.learned import restore as restore_learned
 from homespec.engine.learned import save as save_learned
 from homespec.engine.loader import (
-    Held,
     LoadedPair,
     attach_draft,
     detach_draft,
@@ -52,11 +51,9 @@ from homespec.engine.loader import (
     probe,
 )
 from homespec.engine.neighbours import wait_for_quiet
-from homespec.engine.policy import serving_mode
 from homespec.engine.protocol import (
     AttachDraft,
     Cancel,
-    Costs,
     Counted,
     CountPrompt,
     DetachDraft,
@@ -69,7 +66,6 @@ from homespec.engine.protocol import (
     Load,
     Loaded,
     LoadFailed,
-    ModelCheck,
     Remeasured,
     Steps,
     Stop,
@@ -77,7 +73,6 @@ from homespec.engine.protocol import (
 from homespec.engine.runtime import PairRuntime
 from homespec.engine.types import Chunk, GenerationStats
 from homespec.errors import HomespecError
-from homespec.plan_types import PairPlan
 from homespec.resources import Machine
 
 LOG = logging.getLogger("homespec.engine")
@@ -101,70 +96,6 @@ def failure(exc: BaseException) -> Failure:
     if isinstance(exc, HomespecError):
         return Failure(type(exc).__name__, exc.what, exc.hint)
     return Failure("EngineError", f"{type(exc).__name__}: {exc}", "a bug: see the daemon's log")
-
-
-def costs_now(rt: PairRuntime) -> Costs:
-    """What the governor prices now (Costs): its curves where calibration measured them, as
-    drifted since with the machine's speed, and each option's own work per step; and what
-    the target's prompt cache measured."""
-    ledger, cache = rt.ledger, rt.target_snapshots
-    return Costs(
-        sampled(ledger.verify_curve(), VERIFY_SIZES),
-        sampled(ledger.draft_curve(), DRAFT_SIZES),
-        {name: ledger.overhead[o] for o, name in OPTION_NAMES.items() if o in ledger.overhead},
-        cache.copy_ms,
-        cache.read_ms,
-        rt.sharing.why,
-        rt.ledger.copy_per_token,
-    )
-
-
-def describe(
-    rt: PairRuntime,
-    plan: PairPlan,
-    *,
-    target_file: str,
-    draft_file: str | None,
-    degraded: bool,
-    held: Held | None = None,
-) -> EngineInfo:
-    """The EngineInfo of a loaded pair: the one place its serving mode is worked out."""
-    mode, reason = serving_mode(
-        plan.mode,
-        plan.reason,
-        draft_loaded=rt.draft is not None,
-        draft_unavailable_reason=rt.draft_unavailable_reason,
-        plain_only_reason=rt.plain_only_reason,
-    )
-    costs = costs_now(rt)
-    return EngineInfo(
-        pid=os.getpid(),
-        plan=plan,
-        n_ctx=rt.target.n_ctx,
-        target_file=target_file,
-        draft_file=draft_file,
-        draft_loaded=rt.draft is not None,
-        draft_unavailable_reason=rt.draft_unavailable_reason,
-        plain_only_reason=rt.plain_only_reason,
-        mode=mode,
-        reason=reason,
-        degraded=degraded or rt.draft_failed,
-        memory=[ModelCheck(c.role, dict(c.predicted), dict(c.measured)) for c in held.memory]
-        if held
-        else [],
-        repack=dict(held.repack) if held else {},
-        load_ms=dict(held.load_ms) if held else {},
-        pages=dict(held.settled) if held else {},
-        verify_ms=costs.verify_ms,
-        draft_ms=costs.draft_ms,
-        agreement=rt.ledger.agreement,
-        catch_up=rt.sharing.why,
-        copy_per_token=rt.ledger.copy_per_token,
-        step_ms=costs.step_ms,
-        copy_ms=costs.copy_ms,
-        read_ms=costs.read_ms,
-        prompt_note=rt.target.model.template_problem(),
-    )
 
 
 class Session(Protocol):
@@ -246,6 +177,16 @@ def open_llama(load: Load, site: CrashSite) -> tuple[Session, Machine | None]:
 Opener = Callable[[Load, CrashSite], tuple[Session, "Machine | None"]]
 
 
+@dataclass
+class Measuring:
+    """A measurement of the governor's costs under way (calibration.calibrating): its pieces
+    run on the main thread whenever no work waits, requests between them; `then` tells the
+    daemon once the last has run."""
+
+    pieces: Pieces[None]
+    then: Callable[[], None]
+
+
 class Engine:
     def __init__(self, conn: Connection, site: CrashSite, opener: Opener) -> None:
         self.conn = conn
@@ -259,6 +200,9 @@ class Engine:
         self._cancelled: set[str] = set()
         self._draft_failure: Failure | None = None
         self._calibrated_at: float | None = None
+        self._measuring: Measuring | None = None
+        self._arrived: dict[str, float] = {}  # rid -> when the reader took its Generate
+        self._unsaved_since: float | None = None  # the first request not in the learned file
 
     def send(self, msg: object) -> None:
         with self._send_lock:
@@ -282,42 +226,101 @@ class Engine:
         heap.settle()  # loading's garbage collected, off the request path (homespec/heap.py)
         self.send(Loaded(self.session.info(), probed))
         threading.Thread(target=self._read, name="engine-reader", daemon=True).start()
-        unsaved_since: float | None = None  # the first request not yet in the learned file
         while True:
-            try:
-                msg = self.work.get(timeout=SAVE_IDLE_S if unsaved_since is not None else None)
-            except queue.Empty:  # idle: nothing waits on the write
+            idle = SAVE_IDLE_S if self._unsaved_since is not None else None
+            msg = self._next(idle)
+            if msg is None:  # idle: nothing waits on the write
                 self._save(learned)
-                unsaved_since = None
+                self._unsaved_since = None
                 continue
             if isinstance(msg, Generate):
-                self._generate(msg)
-                if learned is not None and unsaved_since is None:
-                    unsaved_since = time.monotonic()
-                if unsaved_since is not None and time.monotonic() - unsaved_since >= SAVE_EVERY_S:
-                    self._save(learned)  # busy throughout: between two requests
-                    unsaved_since = None
+                self._serve(msg, learned)
                 self._remeasure_if_busy_then()
-            elif isinstance(msg, AttachDraft):
+                continue
+            # Anything else changes the models or ends them: a measurement under way stops
+            # first (its pieces hold the contexts they measure), and starts again after a
+            # detach, whose target still needs its costs.
+            measuring = self._stop_measuring()
+            if isinstance(msg, AttachDraft):
                 loader = threading.Thread(target=self._attach_draft, name="draft", daemon=True)
                 loader.start()
             elif isinstance(msg, DetachDraft):  # between requests: this thread runs them
                 self.session.detach_draft(msg.reason, self.busy)
                 self.send(DraftDetached(self.session.info()))
+                if measuring is not None:
+                    self._measure(measuring.then)
             elif msg is CALIBRATE:
-                # On this thread, the one that decodes requests: llama.cpp's CPU threads belong
-                # to the calling thread, and a second team measured twice the real cost here.
-                calibrate(self.session.runtime)
-                self._calibrated_at = time.monotonic()
-                heap.settle()  # the draft's objects too
-                self.send(DraftAttached(self.session.info(), self._draft_failure))
+                self._measure(self._attached)
             elif isinstance(msg, Stop):
                 break
-        if unsaved_since is not None:
+        if self._unsaved_since is not None:
             self._save(learned)
         with self.busy:
             self.session.close()
         return 0
+
+    def _next(self, timeout: float | None) -> object | None:
+        """The next work item, None after `timeout` with none. While a measurement is under
+        way, its next piece runs whenever no work waits (calibration.Pieces)."""
+        while self._measuring is not None:
+            try:
+                return self.work.get_nowait()
+            except queue.Empty:
+                self._measure_a_piece()
+        try:
+            return self.work.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _serve(self, msg: Generate, learned: Path | None) -> None:
+        """Run one request; keep the learned file's writes off the request path."""
+        self._generate(msg)
+        if learned is None:
+            return
+        if self._unsaved_since is None:
+            self._unsaved_since = time.monotonic()
+        if time.monotonic() - self._unsaved_since >= SAVE_EVERY_S:
+            self._save(learned)  # busy throughout: between two requests
+            self._unsaved_since = None
+
+    # --- measuring the governor's costs, in pieces between requests ---------------------------
+
+    def _measure(self, then: Callable[[], None]) -> None:
+        assert self.session is not None
+        self._measuring = Measuring(calibrating(self.session.runtime), then)
+
+    def _measure_a_piece(self) -> None:
+        """On this thread, the one that decodes requests: llama.cpp's CPU threads belong to
+        the calling thread, and a second team measured twice the real cost here."""
+        assert self._measuring is not None
+        with self.busy:  # a draft re-attached after a memory drop hands over outside it
+            try:
+                next(self._measuring.pieces)
+                return
+            except StopIteration:
+                pass
+        then = self._measuring.then
+        self._measuring = None
+        self._calibrated_at = time.monotonic()
+        heap.settle()  # the draft's objects too
+        then()
+
+    def _stop_measuring(self) -> Measuring | None:
+        """Abandon the measurement under way (its pieces let go of the caches and the lock):
+        which it was, if any."""
+        measuring, self._measuring = self._measuring, None
+        if measuring is not None:
+            with self.busy:
+                measuring.pieces.close()
+        return measuring
+
+    def _attached(self) -> None:
+        assert self.session is not None
+        self.send(DraftAttached(self.session.info(), self._draft_failure))
+
+    def _remeasured(self) -> None:
+        assert self.session is not None
+        self.send(Remeasured(self.session.info()))
 
     def _save(self, learned: Path | None) -> None:
         """Write what the governor learned (atomic: a kill leaves the last whole file)."""
@@ -329,6 +332,13 @@ class Engine:
         assert self.session is not None
         rid = msg.rid
         with self.busy:
+            # What it waited for here (a piece of a measurement, the draft handed over) is
+            # its wait as much as the daemon's queue is: its stats say so.
+            with self._cancel_lock:
+                arrived = self._arrived.pop(rid, None)
+            waited_ms = 0.0 if arrived is None else (time.monotonic() - arrived) * 1000.0
+            if self._measuring is not None:  # scratch text, not a conversation to keep
+                self.session.runtime.clear_contexts()
             gen = generate_steps(self.session.runtime, msg.req)
             held: list[Chunk] = []  # chunks not yet sent (see Generate.batch_s)
             sent_at = None if msg.first_at_once else time.monotonic()
@@ -339,7 +349,9 @@ class Engine:
                         return
                     if isinstance(item, GenerationStats):
                         costs = costs_now(self.session.runtime)
-                        self.send(Finished(rid, item, chunks=held, costs=costs))
+                        self.send(
+                            Finished(rid, item, chunks=held, costs=costs, waited_ms=waited_ms)
+                        )
                         continue
                     held += item
                     now = time.monotonic()
@@ -360,7 +372,9 @@ class Engine:
         (Ledger.calibrated_busy), at most every RECALIBRATE_GAP_S, and tell the daemon."""
         assert self.session is not None
         rt = self.session.runtime
-        if self._calibrated_at is None or not rt.ledger.calibrated_busy:
+        if self._measuring is not None or self._calibrated_at is None:
+            return
+        if not rt.ledger.calibrated_busy:
             return
         if time.monotonic() - self._calibrated_at < RECALIBRATE_GAP_S:
             return
@@ -370,10 +384,8 @@ class Engine:
             rt.name,
             1 / rt.ledger.slowdown,
         )
-        with self.busy:  # a draft re-attached after a memory drop hands over outside it
-            calibrate(rt)
-        self._calibrated_at = time.monotonic()
-        self.send(Remeasured(self.session.info()))
+        self._calibrated_at = time.monotonic()  # (not again before this one is done)
+        self._measure(self._remeasured)
 
     def _is_cancelled(self, rid: str) -> bool:
         with self._cancel_lock:
@@ -416,6 +428,9 @@ class Engine:
             elif isinstance(msg, CountPrompt):
                 self._count(msg)
             else:
+                if isinstance(msg, Generate):
+                    with self._cancel_lock:
+                        self._arrived[msg.rid] = time.monotonic()
                 self.work.put(msg)
 
     def _count(self, msg: CountPrompt) -> None:

@@ -197,6 +197,9 @@ class Finished:
     cancelled: bool = False
     chunks: list[Chunk] = field(default_factory=list)  # the last ones, not yet sent in `Steps`
     costs: Costs | None = None  # after a request that ran
+    # ms the request waited in the engine before it started (a piece of a measurement of the
+    # governor's costs, a draft model handed over): part of its queue_ms, ttft and e2e
+    waited_ms: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,14 @@ class PairRuntime:
     def clear_caches(self) -> None:
         """Drop cached prompt prefixes, those put aside included (the bench starts each run
         from another chat with this)."""
-        self.target.clear()
+        self.clear_contexts()
         self.target_snapshots.clear()
         self.draft_snapshots.clear()
+
+    def clear_contexts(self) -> None:
+        """Empty both contexts, the conversations put aside kept (a measurement's scratch text
+        before a request: nothing to put aside)."""
+        self.target.clear()
         if self.draft is not None:
             self.draft.ctx.clear()
 
