@@ -283,3 +283,21 @@ def test_requests_run_between_the_pieces_of_a_measurement_and_count_their_wait(
     assert max(waits) < 400, waits  # a piece, not the whole (over a second)
     assert measured_s > 1.0 and any(w > 5 for w in waits), (measured_s, waits)
 
+
+def test_a_measurement_replaces_the_costs_measured_before_it_keeping_those_since() -> None:
+    """Sizes that requests measured before the calibration (a daemon's first requests, served
+    while the draft loaded beside them, left 17 tokens at 268 ms beside 16 at 64) go; the
+    calibrated sizes are as measured; a size a request measured between its pieces stays."""
+    rt = runtime(4)
+    rt.ledger.verify.observe(17, 268.0)
+    rt.ledger.verify.observe(1, 500.0)
+    assert rt.draft is not None
+    rt.ledger.draft.observe(300, 9000.0)
+    pieces = calibration.calibrating(rt)
+    next(pieces)
+    rt.ledger.verify.observe(11, 40.0)  # a request between two pieces
+    finish(pieces)
+    assert 17 not in rt.ledger.verify.points and 300 not in rt.ledger.draft.points
+    assert rt.ledger.verify.points[11] == 40.0 and rt.ledger.verify.points[1] < 500.0
+    assert set(rt.ledger.verify.points) == {*VERIFY_SIZES, 11}
+    assert rt.ledger.quiet.points == rt.ledger.verify.points

@@ -289,6 +289,11 @@ def calibrating(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> Piece
                 release(handle)
 
 
+def since(points: dict[int, float], before: dict[int, float]) -> dict[int, float]:
+    """The points of a cost curve that moved since it stood at `before` (observed since)."""
+    return {n: ms for n, ms in points.items() if before.get(n) != ms}
+
+
 def measure(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> None:
     """`measuring`, at once."""
     finish(measuring(rt, sizes))
@@ -301,16 +306,21 @@ def measuring(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> Pieces[
     from these and keeps the costs current from real steps. Leaves both caches empty."""
     filler = (rt.target.model.tokenize(" the", special=False) or [0])[-1:]
     base = filler * 32
-    # The machine as it is now replaces what was measured before (not blended with it: a
-    # measurement again is one because the last was taken on a busy machine).
+    # The machine as it is now replaces what was measured before, at every size (not blended
+    # with it: a measurement again is one because the last was taken on a busy machine, and
+    # the first comes after requests served while the draft loaded beside them: a daemon's
+    # first requests here left 17 tokens at 268 ms beside 16 at 64, 6 at 79 beside 4 at 32,
+    # pricing every draft of those lengths out). Sizes the requests between its pieces
+    # measured stay: those are the machine as it is now too.
+    before = dict(rt.ledger.verify.points), dict(rt.ledger.draft.points)
     costs = yield from decode_cost_steps(rt.target, base, filler, sizes, n_logits=True)
-    rt.ledger.verify.points.update(costs)
+    rt.ledger.verify.points = since(rt.ledger.verify.points, before[0]) | costs
     rt.ledger.quiet = CostCurve(dict(rt.ledger.verify.points))
     rt.ledger.slowdown = 1.0  # as fast as the quiet curve, by definition
     rt.ledger.verify_ref = dict.fromkeys(rt.ledger.verify.points, 1.0)
     if rt.draft is not None:
         draft = yield from decode_cost_steps(rt.draft.ctx, base, filler, DRAFT_SIZES, False)
-        rt.ledger.draft.points.update(draft)
+        rt.ledger.draft.points = since(rt.ledger.draft.points, before[1]) | draft
         rt.ledger.draft_ref = 1.0
         rt.ledger.agreement = yield from agreement_steps(rt)
         share_cache(rt, (yield from probe_sharing_steps(rt, rt.ledger.agreement)))
