@@ -11,10 +11,11 @@ import pytest
 from homespec.engine import cache_share
 from homespec.engine.cache_share import SHARE_MARGIN, Sharing
 from homespec.engine.calibration import probe_sharing, share_cache
+from homespec.engine.catch_up import catch_up_cost, catch_up_ms, copy_pays
 from homespec.engine.drafters import ModelDrafter, NgramDrafter
 from homespec.engine.estimates import Acceptance, CostCurve
 from homespec.engine.generate import complete
-from homespec.engine.governor import catch_up_cost, catch_up_ms, choose, copy_pays
+from homespec.engine.governor import choose
 from homespec.engine.governor_types import Inputs
 from homespec.engine.ledger import Ledger
 from homespec.engine.runtime import PairRuntime

@@ -33,7 +33,7 @@ def test_a_catch_up_is_priced_on_the_draft_models_own_batch_costs() -> None:
     256-token batch (quantized batches are compute-bound). Scaling the target's curve by the
     one-token ratio priced a 243-token catch-up at a quarter of its cost; the draft's own
     curve prices it right, and the draft model is not chosen behind such a lag."""
-    from homespec.engine.governor import catch_up_ms
+    from homespec.engine.catch_up import catch_up_ms
 
     target = CostCurve({1: 23.0, 8: 39.0, 32: 85.0, 64: 147.0})
     draft = CostCurve({1: 9.5, 8: 37.7, 32: 121.7})
@@ -410,7 +410,8 @@ def test_a_draft_model_behind_the_history_that_would_pay_is_caught_up_now_not_ne
     any drafter needs over plain, fell to 0.61x and never ran, where forced it ran 1.46x plain.
     So a catch-up that pays at all is made at once; a draft model already caught up, whose
     estimate waiting does not lower, still needs the margin."""
-    from homespec.engine.governor import HYSTERESIS, RELAG, plain_ms
+    from homespec.engine.catch_up import RELAG
+    from homespec.engine.governor import HYSTERESIS, plain_ms
 
     base = Inputs(
         DEMO_TARGET,

@@ -21,10 +21,10 @@ model must predict the target's next token, reading the target's cache, at least
 reading its own, less SHARE_MARGIN (`decide`). A model of the same shape that is not the
 target's (another fine-tune of the same base) reads keys and values it was not trained on: that
 check is there for it (not tried: no such model was at hand). Then the draft model catches up
-by copy wherever a copy is priced below the decode it spares (`governor.copy_pays`: a copy
+by copy wherever a copy is priced below the decode it spares (`catch_up.copy_pays`: a copy
 costs per token the target holds, a decode per token the draft lacks;
 PairRuntime.catch_up_by_copy makes it), and the governor prices a catch-up the cheaper way
-(`governor.catch_up_cost`).
+(`catch_up.catch_up_cost`).
 """
 
 from __future__ import annotations

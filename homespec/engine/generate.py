@@ -19,11 +19,11 @@ import time
 from collections.abc import Generator
 from dataclasses import replace
 
+from homespec.engine.catch_up import RELAG
 from homespec.engine.chat_text import PROMPT_FORMATS
 from homespec.engine.drafters import Drafter, NgramDrafter, Proposal
 from homespec.engine.estimates import MAX_K, table_key
 from homespec.engine.governor import (
-    RELAG,
     choose,
     hand_over,
     next_window,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from homespec.engine.catch_up import RELAG, catch_up_cost
 from homespec.engine.estimates import (
     MAX_K,
     PRIOR,
@@ -19,7 +20,6 @@ from homespec.engine.estimates import (
     match_priors,
     table_key,
 )
-from homespec.engine.governor import RELAG, catch_up_cost
 from homespec.engine.governor_types import Inputs, Option
 from homespec.engine.lengths import Lengths
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 from homespec.engine import cache_share
 from homespec.engine.cache_share import NOT_PROBED, Sharing
+from homespec.engine.catch_up import copy_pays
 from homespec.engine.chat_text import prompt_tokens
 from homespec.engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
-from homespec.engine.governor import copy_pays
 from homespec.engine.ledger import Ledger
 from homespec.engine.neighbours import ThreadAdapter
 from homespec.engine.prompt_cache import PromptCache
@@ -81,7 +81,7 @@ class PairRuntime:
 
     def catch_up_by_copy(self, history: list[int], lag: int) -> bool:
         """The draft model, `lag` tokens behind `history`, catches up by copying the target's
-        cache where the copy is priced below decoding what it spares (governor.copy_pays;
+        cache where the copy is priced below decoding what it spares (catch_up.copy_pays;
         engine/cache_share.py): whether it did. A copy that fails turns copying off for the
         pair, said once."""
         draft, ledger = self.draft, self.ledger
