@@ -67,9 +67,9 @@ def wait_until_speculative(client: httpx.Client, url: str, daemon: subprocess.Po
     while time.monotonic() < deadline:
         if daemon.poll() is not None:
             raise SystemExit(f"homespec serve exited with {daemon.returncode}")
-        try:
-            pairs = client.get(f"{url}/health", timeout=2).json()["pairs"]
-            if any(p["mode"] == "speculative" for p in pairs.values()):
+        try:  # the draft attached and the governor's costs measured (between requests)
+            pairs = client.get(f"{url}/homespec/status", timeout=2).json()["pairs"]
+            if any(p["mode"] == "speculative" and p["measured_after_s"] for p in pairs):
                 return
         except (httpx.HTTPError, KeyError, ValueError):
             pass

@@ -137,12 +137,12 @@ if [ "${DAEMON:-1}" = 1 ] && [ "$THREADS" = "$OWN_THREADS" ]; then
   daemon=$!
   PIDS+=("$daemon")
   AGAINST+=(--against "homespec-daemon=http://127.0.0.1:$port")
-  # Speculative once the draft is attached, which follows its cost calibration.
+  # Once the draft is attached and the governor's costs are measured (between requests).
   for _ in $(seq 300); do
     kill -0 "$daemon" 2>/dev/null || break
     "$PY" -c 'import sys, httpx
-h = httpx.get(sys.argv[1] + "/health").json()
-sys.exit(0 if any(p["mode"] == "speculative" for p in h["pairs"].values()) else 1)' \
+s = httpx.get(sys.argv[1] + "/homespec/status").json()
+sys.exit(0 if all(p["measured_after_s"] is not None for p in s["pairs"]) else 1)' \
       "http://127.0.0.1:$port" 2>/dev/null && break
     sleep 1
   done

@@ -125,6 +125,8 @@ def start_daemon(
     d = Daemon(proc, f"http://127.0.0.1:{port}", state, log_path)
     if wait:
         wait_until(d, all_attached)
+        key = {**os.environ, **(env or {})}.get("HOMESPEC_API_KEY")
+        wait_measured(d, {"Authorization": f"Bearer {key}"} if key else {})
     return d
 
 
@@ -136,6 +138,18 @@ def all_attached(health: dict[str, Any]) -> bool:
         p["mode"] in ("speculative", "ngram") and p["reason"] != "draft model still loading"
         for p in pairs
     )
+
+
+def wait_measured(d: Daemon, headers: dict[str, str], timeout: float = 120) -> None:
+    """Until every pair's engine has measured the governor's costs (it does so in pieces
+    between requests once its draft serves): the tests start from a settled daemon."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pairs = d.get("/homespec/status", headers=headers).json()["pairs"]
+        if all(p["measured_after_s"] is not None for p in pairs):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"costs not measured in {timeout}s:\n{d.log()}")
 
 
 def wait_until(d: Daemon, ok: Any, timeout: float = 120) -> dict[str, Any]:

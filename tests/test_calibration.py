@@ -27,6 +27,7 @@ from homespec.engine.estimates import VERIFY_SIZES
 from homespec.engine.protocol import (
     AttachDraft,
     DraftAttached,
+    DraftHandedOver,
     Finished,
     Generate,
     Remeasured,
@@ -181,6 +182,8 @@ def test_costs_measured_on_a_busy_machine_are_measured_again_between_requests(
     )
     with fake_engine(tmp_path, env) as conn:
         conn.send(AttachDraft())
+        handed = recv()  # the draft serves; its costs are measured next
+        assert isinstance(handed, DraftHandedOver) and handed.info.draft_loaded
         attached = recv()
         assert isinstance(attached, DraftAttached)
         busy = attached.info.verify_ms[1]
@@ -254,8 +257,8 @@ def test_requests_run_between_the_pieces_of_a_measurement_and_count_their_wait(
     """The engine program over the fake target (20-ms decodes: its measurement takes about
     1.5 s, in pieces of a few decodes): requests sent back to back from the moment the draft
     attaches all finish while the costs are still being measured (DraftAttached comes after
-    them), each having waited at most a piece or two, and that wait is in its Finished, the
-    daemon's queue_ms."""
+    them; DraftHandedOver, before it, as the draft starts to serve), each having waited at
+    most a piece or two, and that wait is in its Finished, the daemon's queue_ms."""
     req = GenerationRequest(
         messages=[Message("user", "hello there")], max_tokens=4, speculative=False
     )
@@ -263,13 +266,16 @@ def test_requests_run_between_the_pieces_of_a_measurement_and_count_their_wait(
     t0 = time.monotonic()
     with fake_engine(tmp_path, {"HOMESPEC_FAKE_DECODE_S": "0.02"}) as conn:
         conn.send(AttachDraft())
-        attached = None
+        handed = attached = None
         for i in range(200):
             conn.send(Generate(str(i), req, 10.0, True))
             while True:
                 assert conn.poll(30), "the engine said nothing for 30 s"
                 msg = conn.recv()
-                if isinstance(msg, DraftAttached):
+                if isinstance(msg, DraftHandedOver):
+                    handed = msg
+                elif isinstance(msg, DraftAttached):
+                    assert handed is not None  # the daemon heard the draft serves first
                     attached = msg
                 elif isinstance(msg, Finished):
                     break

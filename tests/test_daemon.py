@@ -375,9 +375,10 @@ def test_progressive_start_serves_the_target_before_the_draft(daemon: Daemon) ->
     log = daemon.log()
     ready = log.index("pair smollm2: target ready after")
     attached = log.index("pair smollm2: draft attached after")
-    assert ready < attached
+    measured = log.index("pair smollm2: costs measured after")
+    assert ready < attached < measured
     pair = daemon.get("/homespec/status").json()["pairs"][0]
-    assert 0 < pair["ready_after_s"] <= pair["speculative_after_s"]
+    assert 0 < pair["ready_after_s"] <= pair["speculative_after_s"] <= pair["measured_after_s"]
 
 
 def test_a_keyless_daemon_answers_only_hosts_that_name_it(daemon: Daemon) -> None:

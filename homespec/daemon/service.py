@@ -452,6 +452,7 @@ class Daemon:
             "prompt_note": w.info.prompt_note if w.info else "",
             "ready_after_s": w.ready_after_s,
             "speculative_after_s": w.speculative_after_s,
+            "measured_after_s": w.measured_after_s,
             "engine": {
                 "pid": w.pid,
                 "memory": w.memory(),

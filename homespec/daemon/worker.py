@@ -38,6 +38,7 @@ from homespec.engine.protocol import (
     DetachDraft,
     DraftAttached,
     DraftDetached,
+    DraftHandedOver,
     EngineInfo,
     Finished,
     Generate,
@@ -99,7 +100,8 @@ class PairWorker:
         self.threads: tuple[int, str] = (0, "")  # (count, why fewer) after the last request
         self.started_at = time.perf_counter()
         self.ready_after_s: float | None = None
-        self.speculative_after_s: float | None = None
+        self.speculative_after_s: float | None = None  # the draft model serves from then
+        self.measured_after_s: float | None = None  # the governor's costs measured by then
         self.probed: Machine | None = None  # what the engine probed, when it was asked to
         self._engine: EngineProcess | None = None
         self._loaded: asyncio.Future[bool] | None = None
@@ -162,6 +164,8 @@ class PairWorker:
                 fut.set_result(msg)
         elif isinstance(msg, Loaded):
             self._on_loaded(msg)
+        elif isinstance(msg, DraftHandedOver):
+            self._on_handover(msg)
         elif isinstance(msg, DraftAttached):
             self._on_draft(msg)
         elif isinstance(msg, DraftDetached | Remeasured):
@@ -222,24 +226,33 @@ class PairWorker:
 
         await self.settling.run(self.name, lambda: self.pending > 0, start)
 
-    def _on_draft(self, msg: DraftAttached) -> None:
-        self.settling.finished(self.name)
+    def _on_handover(self, msg: DraftHandedOver) -> None:
+        """The draft serves requests from now on; the engine measures the costs next."""
         self.info = msg.info
-        if msg.failure is not None:
-            LOG.error("pair %s: %s; n-gram drafting only", self.name, msg.failure)
-            return
-        if not msg.info.draft_loaded:
-            return  # no draft in the plan: the engine only measured its costs
         if self.speculative_after_s is not None:  # back after the memory watch dropped it
             LOG.info("pair %s: draft attached again, speculative", self.name)
             return
         self.speculative_after_s = time.perf_counter() - self.started_at
         LOG.info(
-            "pair %s: draft attached after %.1f s, speculative", self.name, self.speculative_after_s
+            "pair %s: draft attached after %.1f s, speculative (its costs are measured next, "
+            "between requests)",
+            self.name,
+            self.speculative_after_s,
         )
         draft_verdict = msg.info.repack.get("draft")  # the target's was said on Loaded
         if draft_verdict is not None and draft_verdict.note:
             LOG.warning("pair %s: %s", self.name, draft_verdict.note)
+
+    def _on_draft(self, msg: DraftAttached) -> None:
+        """The after-load work is over: the draft attached (or failed to) and the governor's
+        costs are measured."""
+        self.settling.finished(self.name)
+        self.info = msg.info
+        if msg.failure is not None:
+            LOG.error("pair %s: %s; n-gram drafting only", self.name, msg.failure)
+        if self.measured_after_s is None:
+            self.measured_after_s = time.perf_counter() - self.started_at
+            LOG.info("pair %s: costs measured after %.1f s", self.name, self.measured_after_s)
 
     def _on_exit(self, returncode: int, site: Site) -> None:
         self.settling.finished(self.name)

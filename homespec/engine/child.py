@@ -59,6 +59,7 @@ from homespec.engine.protocol import (
     DetachDraft,
     DraftAttached,
     DraftDetached,
+    DraftHandedOver,
     EngineInfo,
     Failure,
     Finished,
@@ -77,6 +78,7 @@ from homespec.resources import Machine
 
 LOG = logging.getLogger("homespec.engine")
 CALIBRATE = object()  # a work item: measure the governor's costs (after the draft attached)
+HANDED_OVER = object()  # a work item: tell the daemon the draft serves (DraftHandedOver)
 # A calibration found taken on a busy machine is taken again, at most this often.
 RECALIBRATE_GAP_S = 10.0
 # Before the first: wait (in the background, at most this long) until other processes take
@@ -237,6 +239,9 @@ class Engine:
                 self._serve(msg, learned)
                 self._remeasure_if_busy_then()
                 continue
+            if msg is HANDED_OVER:  # (info read here: requests change what it reads)
+                self.send(DraftHandedOver(self.session.info()))
+                continue
             # Anything else changes the models or ends them: a measurement under way stops
             # first (its pieces hold the contexts they measure), and starts again after a
             # detach, whose target still needs its costs.
@@ -396,6 +401,8 @@ class Engine:
         self.session.settle_pages()  # the target's huge pages, while it serves (engine/pages.py)
         try:  # loads while the target serves; hands over between requests
             self.session.attach_draft(self.busy)
+            if self.session.runtime.draft is not None:
+                self.work.put(HANDED_OVER)
         except Exception as exc:
             LOG.error(
                 "pair %s: draft failed to load, n-gram drafting only: %s",

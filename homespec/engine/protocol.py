@@ -3,7 +3,9 @@
 The daemon sends `Load` once, then `Generate`, `Cancel`, `CountPrompt`, `AttachDraft`,
 `DetachDraft` and `Stop`; the child answers `Loaded` (or `LoadFailed`), then per request
 `Steps` (one per verify step, or per `Generate.batch_s`) and a final `Finished` (with the
-chunks still held), and `Counted` / `DraftAttached` / `DraftDetached` as asked. Both sides
+chunks still held), and `Counted` / `DraftAttached` / `DraftDetached` as asked (before
+`DraftAttached`, `DraftHandedOver` as requests start to draft with it; `Remeasured` when
+the engine measured its costs again on its own). Both sides
 are homespec of the same version, started together: pickle is the framing, not a public
 format.
 
@@ -163,6 +165,14 @@ class Failure:
 @dataclass(frozen=True)
 class LoadFailed:
     failure: Failure
+
+
+@dataclass(frozen=True)
+class DraftHandedOver:
+    """The draft model serves requests from now on: the engine still measures the costs
+    (DraftAttached follows once it has), but /health and status say what requests get."""
+
+    info: EngineInfo
 
 
 @dataclass(frozen=True)
