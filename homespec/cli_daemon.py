@@ -188,6 +188,9 @@ def status(url: str | None, as_json: bool) -> None:
             click.echo(f"{'':<14} engine: pid {engine['pid']}, holds {held or '—'}{again}")
         if engine.get("threads_reason"):
             click.echo(f"{'':<14} threads: {engine['threads']} ({engine['threads_reason']})")
+        started = _start(p)
+        if started:
+            click.echo(f"{'':<14} start: {started}")
         costs = p.get("costs") or {}
         if costs.get("verify_ms"):
             curve = ", ".join(f"{n}→{_ms(ms)}" for n, ms in costs["verify_ms"].items())
@@ -222,6 +225,23 @@ def status(url: str | None, as_json: bool) -> None:
                 f"{'':<14} {role}: {fmt_size(hp['huge'])} of {fmt_size(hp['bytes'])} in 2 MiB "
                 f"pages{note}"
             )
+
+
+def _start(pair: dict[str, Any]) -> str:
+    """How far the pair's start has come: its target serving, its draft drafting, the
+    governor's costs measured (in pieces between requests; priors until then)."""
+    ready, spec = pair.get("ready_after_s"), pair.get("speculative_after_s")
+    if ready is None:
+        return ""
+    said = [f"target served after {ready:.1f} s"]
+    if spec is not None:
+        said.append(f"draft after {spec:.1f} s")
+    measured = pair.get("measured_after_s", 0)  # (absent: a daemon older than the field)
+    if measured is None and spec is not None:
+        said.append("measuring the costs between requests (priors until then)")
+    elif measured:
+        said.append(f"costs measured after {measured:.1f} s")
+    return ", ".join(said)
 
 
 @click.command()

@@ -345,6 +345,8 @@ def test_status_and_report_cli_against_the_live_daemon(daemon: Daemon) -> None:
     r = runner.invoke(cli, ["status", "--url", daemon.url])
     assert r.exit_code == 0, r.output
     assert "smollm2" in r.stdout and "speculative" in r.stdout and "MiB" in r.stdout
+    start = r"start: target served after [\d.]+ s, draft after [\d.]+ s, costs measured after"
+    assert re.search(start, r.stdout), r.stdout
     # The costs as the last request left them, homespec's own work per step among them
     assert "costs: target decode ms by tokens 1→" in r.stdout
     own = re.search(r"homespec's own work a step beyond its decodes, ms: (.+)", r.stdout)
