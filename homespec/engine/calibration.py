@@ -294,11 +294,6 @@ def since(points: dict[int, float], before: dict[int, float]) -> dict[int, float
     return {n: ms for n, ms in points.items() if before.get(n) != ms}
 
 
-def measure(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> None:
-    """`measuring`, at once."""
-    finish(measuring(rt, sizes))
-
-
 def measuring(rt: PairRuntime, sizes: tuple[int, ...] = VERIFY_SIZES) -> Pieces[None]:
     """Measure this machine's cost of one target decode of n tokens for a few n, and of a
     draft-model decode of 1, 8 and 32 tokens (a draft catching up on history decodes a batch),
