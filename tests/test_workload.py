@@ -39,6 +39,7 @@ def test_the_held_out_workloads_are_there() -> None:
         "unseen-16.jsonl",
         "unseen-17.jsonl",
         "unseen-18.jsonl",
+        "unseen-19.jsonl",
     ]
 
 
