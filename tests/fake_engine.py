@@ -9,7 +9,8 @@ HOMESPEC_FAKE_DRAFT_FAULT=1 to make the draft's first decode die by SIGSEGV, and
 HOMESPEC_FAKE_OTHERS=X to run thread adaptation (2 threads, 2 cores, 10 ms windows) as if other
 processes kept X cores busy, and HOMESPEC_FAKE_BUSY_CALIBRATION=1 to have the first
 calibration's decodes take 4× as long (as on a machine busy then), with no wait before the
-engine measures again.
+engine measures again, and HOMESPEC_FAKE_PIECE_EVERY_S to run a piece of a measurement at least
+that often while requests keep coming (child.PIECE_EVERY_S).
 """
 
 from __future__ import annotations
@@ -158,6 +159,9 @@ def busy_first(rt: PairRuntime) -> Pieces[None]:
         target.decode_s = quiet
         child.calibrating = calibrating
 
+
+if "HOMESPEC_FAKE_PIECE_EVERY_S" in os.environ:
+    child.PIECE_EVERY_S = float(os.environ["HOMESPEC_FAKE_PIECE_EVERY_S"])
 
 if os.environ.get("HOMESPEC_FAKE_BUSY_CALIBRATION") == "1":
     child.calibrating = busy_first

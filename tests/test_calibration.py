@@ -307,3 +307,37 @@ def test_a_measurement_replaces_the_costs_measured_before_it_keeping_those_since
     assert rt.ledger.verify.points[11] == 40.0 and rt.ledger.verify.points[1] < 500.0
     assert set(rt.ledger.verify.points) == {*VERIFY_SIZES, 11}
     assert rt.ledger.quiet.points == rt.ledger.verify.points
+
+
+def _requests_until_measured(tmp_path: Path, piece_every_s: str, cap: int) -> int | None:
+    """Requests the fake engine answers, two always waiting in its queue, until the costs are
+    measured (DraftAttached), None if not within `cap`."""
+    req = GenerationRequest(
+        messages=[Message("user", "hello there")], max_tokens=4, speculative=False
+    )
+    env = {"HOMESPEC_FAKE_DECODE_S": "0.005", "HOMESPEC_FAKE_PIECE_EVERY_S": piece_every_s}
+    tmp_path.mkdir()
+    with fake_engine(tmp_path, env) as conn:
+        conn.send(AttachDraft())
+        conn.send(Generate("0", req, 10.0, True))
+        conn.send(Generate("1", req, 10.0, True))
+        sent, answered = 2, 0
+        while answered < cap:
+            assert conn.poll(30), "the engine said nothing for 30 s"
+            msg = conn.recv()
+            if isinstance(msg, DraftAttached):
+                return answered
+            if isinstance(msg, Finished):
+                answered += 1
+                conn.send(Generate(str(sent), req, 10.0, True))  # the queue never empties
+                sent += 1
+        return None
+
+
+def test_a_measurement_goes_on_while_requests_keep_coming(tmp_path: Path) -> None:
+    """Under requests back to back (two always waiting, as three clients of one daemon kept
+    it), the engine's queue is never empty when it looks: a piece of the measurement still
+    runs every PIECE_EVERY_S, so the costs get measured; without that it never did."""
+    answered = _requests_until_measured(tmp_path / "a", "0.02", cap=400)
+    assert answered is not None and answered > 5  # requests ran between its pieces
+    assert _requests_until_measured(tmp_path / "b", "1000", cap=2 * answered + 20) is None

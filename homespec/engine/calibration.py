@@ -146,10 +146,10 @@ def agreement_steps(rt: PairRuntime, *, shared: bool = False) -> Pieces[float | 
     One target decode with logits at every compared position; the draft, whose context keeps
     the logits of one position only, one decode per position. `shared`: the draft reads the
     chat's question from a copy of the target's cache (engine/cache_share.py; None where that
-    copy fails). Leaves both caches empty. Yields after the target's decode and, reading its own
-    cache, after each of the draft's (see Pieces): its next decode makes the cache hold the
-    chat again, whatever ran in between; a draft reading the target's cache yields nowhere
-    (what ran in between would have taken the copy away)."""
+    copy fails). Leaves both caches empty. Yields once (see Pieces), after the target's decode,
+    where the draft reads its own cache: the draft's decodes then run as one piece (a request
+    between two of them would have the next re-read the whole chat), and a draft reading the
+    target's cache yields nowhere (what ran in between would have taken the copy away)."""
     if rt.draft is None:
         return None
     model = rt.target.model
@@ -167,10 +167,10 @@ def agreement_steps(rt: PairRuntime, *, shared: bool = False) -> Pieces[float | 
         wanted = np.argmax(rt.target.extend(tokens, n), axis=1)
         if shared and not cache_share.copy(rt.target, draft):
             return None
+        if not shared:
+            yield
         same = 0
         for row, end in enumerate(range(len(tokens) - n + 1, len(tokens) + 1)):
-            if not shared:
-                yield
             same += int(np.argmax(draft.extend(tokens[:end], 1)[0]) == wanted[row])
     finally:
         rt.target.clear()

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Protocol
@@ -86,6 +86,11 @@ RECALIBRATE_GAP_S = 10.0
 # orders a daemon's own engines; this is for the others: a second daemon, a llama-server).
 CALIBRATE_QUIET = 0.5
 CALIBRATE_WAIT_S = 10.0
+# While the costs are measured, a piece runs whenever no request waits, and at least this often
+# when requests keep coming back to back: three clients kept the engine's queue from ever being
+# empty when it looked, and the measurement never went on (each request waits one piece at most
+# either way).
+PIECE_EVERY_S = 1.0
 # What the governor learned is written (engine/learned.py) once the engine has had no request
 # for SAVE_IDLE_S, or between two requests when it has gone unwritten for SAVE_EVERY_S, and at
 # a stop. Written after every request, it held up the next one: 4 ms for six tasks' tables on
@@ -187,6 +192,7 @@ class Measuring:
 
     pieces: Pieces[None]
     then: Callable[[], None]
+    last: float = field(default_factory=time.monotonic)  # when a piece last ran (or it began)
 
 
 class Engine:
@@ -266,12 +272,15 @@ class Engine:
 
     def _next(self, timeout: float | None) -> object | None:
         """The next work item, None after `timeout` with none. While a measurement is under
-        way, its next piece runs whenever no work waits (calibration.Pieces)."""
+        way, its next piece runs whenever no work waits, or PIECE_EVERY_S after the last
+        (calibration.Pieces)."""
         while self._measuring is not None:
-            try:
-                return self.work.get_nowait()
-            except queue.Empty:
-                self._measure_a_piece()
+            if time.monotonic() - self._measuring.last < PIECE_EVERY_S:
+                try:
+                    return self.work.get_nowait()
+                except queue.Empty:
+                    pass
+            self._measure_a_piece()
         try:
             return self.work.get(timeout=timeout)
         except queue.Empty:
@@ -301,6 +310,7 @@ class Engine:
         with self.busy:  # a draft re-attached after a memory drop hands over outside it
             try:
                 next(self._measuring.pieces)
+                self._measuring.last = time.monotonic()
                 return
             except StopIteration:
                 pass
