@@ -143,23 +143,29 @@ def all_attached(health: dict[str, Any]) -> bool:
 def wait_measured(d: Daemon, headers: dict[str, str], timeout: float = 120) -> None:
     """Until every pair's engine has measured the governor's costs (it does so in pieces
     between requests once its draft serves): the tests start from a settled daemon."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pairs = d.get("/homespec/status", headers=headers).json()["pairs"]
-        if all(p["measured_after_s"] is not None for p in pairs):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"costs not measured in {timeout}s:\n{d.log()}")
+
+    def measured(status: dict[str, Any]) -> bool:
+        return all(p["measured_after_s"] is not None for p in status["pairs"])
+
+    wait_until(d, measured, timeout, path="/homespec/status", headers=headers)
 
 
-def wait_until(d: Daemon, ok: Any, timeout: float = 120) -> dict[str, Any]:
+def wait_until(
+    d: Daemon,
+    ok: Any,
+    timeout: float = 120,
+    *,
+    path: str = "/health",
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Poll `path` (JSON) until `ok` of it holds; its last answer."""
     deadline = time.monotonic() + timeout
     last: dict[str, Any] = {}
     while time.monotonic() < deadline:
         if d.proc.poll() is not None:
             raise AssertionError(f"daemon exited with {d.proc.returncode}:\n{d.log()}")
         try:
-            last = d.get("/health").json()
+            last = d.get(path, headers=headers or {}).json()
             if ok(last):
                 return last
         except httpx.HTTPError:
